@@ -1,0 +1,453 @@
+"""One object owns one Triton Inference Server: find it, start it, wait for it, stop it.
+
+Three modes share one interface:
+
+- ``local``: a ``tritonserver`` process on this machine (an explicit path, ``LABKIT_TRITONSERVER``,
+  ``tritonserver`` on ``PATH``, ``/opt/tritonserver/bin/tritonserver``, or the binary inside the
+  ``nvidia-pytriton`` wheel, which needs its Python-backend stub and libraries arranged first);
+- ``docker``: the tutorial's ``docker run`` of an NGC image, tokens passed by name only;
+- ``remote``: attach to a server that runs elsewhere; start and stop never touch it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
+from .proc import check_port_free, free_port, kill_group, tail
+from .settings import TOKEN_VARIABLES, cache_dir, redact, setting
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
+MODES = ("local", "docker", "remote")
+_LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class ServerBinary:
+    """A located ``tritonserver`` and what it needs to serve Python-backend models."""
+
+    path: Path
+    source: str  # "argument", "LABKIT_TRITONSERVER", "PATH", "/opt/tritonserver", "nvidia-pytriton"
+    backend_directory: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def locate_tritonserver(explicit: str | os.PathLike | None = None) -> ServerBinary:
+    """Find a ``tritonserver``: argument > ``LABKIT_TRITONSERVER`` > PATH > /opt > the wheel."""
+    candidates = [
+        (explicit, "argument"),
+        (os.environ.get("LABKIT_TRITONSERVER") or None, "LABKIT_TRITONSERVER"),
+    ]
+    for value, source in candidates:
+        if value is not None:
+            path = Path(value).expanduser()
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise MissingDependencyError(
+                    f"tritonserver given by {source} is not an executable file: {str(path)!r}; "
+                    "fix the path or unset it to use the server bundled with nvidia-pytriton"
+                )
+            return ServerBinary(path, source)
+    on_path = shutil.which("tritonserver")
+    if on_path and not _is_labkit_wrapper(Path(on_path)):
+        return ServerBinary(Path(on_path), "PATH")
+    opt = Path("/opt/tritonserver/bin/tritonserver")
+    if opt.is_file():
+        return ServerBinary(opt, "/opt/tritonserver")
+    return bundled_tritonserver()
+
+
+def _is_labkit_wrapper(path: Path) -> bool:
+    """The Model Analyzer wrapper that labkit writes calls back into labkit; skip it here."""
+    try:
+        return b"labkit-tritonserver-wrapper" in path.read_bytes()[:4096]
+    except OSError:
+        return False
+
+
+def bundled_tritonserver() -> ServerBinary:
+    """The server inside the ``nvidia-pytriton`` wheel, with a backend directory and environment."""
+    try:
+        import pytriton  # noqa: PLC0415
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "no tritonserver found (LABKIT_TRITONSERVER, PATH, /opt/tritonserver) and the "
+            "nvidia-pytriton wheel is not installed; run `make install` or "
+            "`pip install nvidia-pytriton==0.7.0`"
+        ) from exc
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise MissingDependencyError(
+            f"nvidia-pytriton has no Python-backend stub for Python {version}; "
+            "use Python 3.8 to 3.13"
+        )
+    libs = [str(root.parent.parent / "nvidia_pytriton.libs")]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libs.insert(0, sysconfig.get_config_var("LIBDIR"))
+    else:
+        raise MissingDependencyError(
+            f"this Python ({sys.executable}) has no shared libpython, which the Triton Python "
+            "backend stub needs; use a Python built with --enable-shared (conda, Debian's python3, "
+            "or pyenv with PYTHON_CONFIGURE_OPTS=--enable-shared)"
+        )
+    env = {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "LD_LIBRARY_PATH": os.pathsep.join(libs + [os.environ.get("LD_LIBRARY_PATH", "")]),
+    }
+    return ServerBinary(binary, "nvidia-pytriton", _backend_copy(root, stub, version), env)
+
+
+def _backend_copy(root: Path, stub: Path, version: str) -> Path:
+    """A backend directory of our own: the wheel's python backend plus this Python's stub."""
+    target = cache_dir() / "backends" / f"pytriton-{_stamp(stub)}-py{version}"
+    if (target / "python" / "triton_python_backend_stub").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="backend-", dir=target.parent))
+    shutil.copytree(root / "backends" / "python", staging / "python")
+    shutil.copy2(stub, staging / "python" / "triton_python_backend_stub")
+    try:
+        staging.rename(target)
+    except OSError:  # another process made it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size:x}{int(st.st_mtime):x}"
+
+
+def _set_parent_death_signal() -> None:
+    """In the child: receive SIGTERM when the parent dies (Linux), so no server outlives a kernel."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class TritonServer:
+    """A Triton server this object owns (local, docker) or attaches to (remote).
+
+    >>> with TritonServer("model_repository", http_port=0) as server:
+    ...     server.http_url
+    """
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike = "model_repository",
+        *,
+        mode: str | None = None,
+        host: str = "127.0.0.1",
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        tritonserver: str | os.PathLike | None = None,
+        image: str | None = None,
+        url: str | None = None,
+        load_models: str | list[str] = "*",
+        startup_timeout_s: float | None = None,
+        stop_timeout_s: float = 20.0,
+        log_path: str | os.PathLike | None = None,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.mode = setting(mode, "LABKIT_SERVER_MODE", "remote" if url else "local")
+        if self.mode not in MODES:
+            raise ServerError(f"unknown server mode {self.mode!r}; use one of {', '.join(MODES)}")
+        self.model_repository = Path(model_repository).resolve()
+        self.host = host
+        self.image = setting(image, "LABKIT_TRITON_IMAGE", DEFAULT_IMAGE)
+        self.load_models = [load_models] if isinstance(load_models, str) else list(load_models)
+        self.startup_timeout_s = float(setting(startup_timeout_s, "LABKIT_STARTUP_TIMEOUT_S", 300))
+        self.stop_timeout_s = stop_timeout_s
+        self.extra_args = list(extra_args or [])
+        self.extra_env = dict(env or {})
+        self._explicit_binary = tritonserver
+        self._binary: ServerBinary | None = None
+        self._process: subprocess.Popen | None = None
+        self._container: str | None = None
+        self._log_file = None
+        self.log_path = Path(log_path) if log_path else None
+        self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
+        self.ports = dict(self._requested_ports)
+        if self.mode == "remote":
+            if not url:
+                raise ServerError("remote mode needs url=, for example url='http://host:8000'")
+            self._remote = url.split("://", 1)[-1].rstrip("/")
+            self.host, _, port = self._remote.rpartition(":")
+            self.ports["http"] = int(port or 80)
+        elif self.mode == "local" and not self.model_repository.is_dir():
+            raise ServerError(
+                f"model repository {str(self.model_repository)!r} does not exist; "
+                "pass model_repository= a folder of models (see model_repository/ in the lab)"
+            )
+
+    # -- addresses -------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint, as tritonclient expects it."""
+        return f"{self._client_host}:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host}:{self.ports['grpc']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host}:{self.ports['metrics']}/metrics"
+
+    @property
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __repr__(self) -> str:
+        return f"TritonServer(mode={self.mode!r}, http={self.http_url!r}, running={self.running})"
+
+    # -- commands --------------------------------------------------------------------------
+    def server_args(self, repository: str | os.PathLike) -> list[str]:
+        """The tritonserver arguments (without the executable) for this object's settings."""
+        args = [
+            f"--model-repository={repository}",
+            "--model-control-mode=explicit",
+            *[f"--load-model={name}" for name in self.load_models],
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.ports['http']}",
+            f"--grpc-port={self.ports['grpc']}",
+            f"--metrics-port={self.ports['metrics']}",
+            "--allow-metrics=true",
+            "--allow-cpu-metrics=true",
+            "--exit-timeout-secs=10",
+        ]
+        return args + self.extra_args
+
+    def local_command(self) -> list[str]:
+        binary = self.binary
+        args = [str(binary.path), *self.server_args(self.model_repository)]
+        if binary.backend_directory:
+            args.insert(1, f"--backend-directory={binary.backend_directory}")
+        return args
+
+    def docker_command(self, name: str | None = None) -> list[str]:
+        """The tutorial's ``docker run``; tokens go in as ``-e NAME`` so no value is on the line."""
+        cmd = ["docker", "run", "--gpus", "all", "--rm", "--net=host", "--shm-size=1G",
+               "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+        if name:
+            cmd += ["--name", name]
+        for var in TOKEN_VARIABLES:
+            if var in os.environ:
+                cmd += ["-e", var]
+        hf_cache = "/root/.cache/huggingface"
+        cmd += ["-e", f"HF_HOME={hf_cache}"]
+        cmd += ["-v", f"{self.model_repository}:{CONTAINER_REPOSITORY}"]
+        hf_home = os.environ.get("HF_HOME")
+        if hf_home:
+            cmd += ["-v", f"{Path(hf_home).resolve()}:{hf_cache}"]
+        labkit_cache = cache_dir()
+        cmd += ["-v", f"{labkit_cache}:{labkit_cache}:ro"]  # local weights are linked from here
+        cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
+        return cmd
+
+    @property
+    def binary(self) -> ServerBinary:
+        if self._binary is None:
+            self._binary = locate_tritonserver(self._explicit_binary)
+        return self._binary
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> TritonServer:
+        """Start (or attach) and wait until the server and its models are ready."""
+        if self.mode == "remote":
+            self.wait_ready()
+            return self
+        if self.running:
+            return self
+        self._choose_ports()
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.mode == "local":
+            cmd = self.local_command()
+            env = {**os.environ, **self.binary.env, **self.extra_env}
+        else:
+            self._container = f"labkit-{uuid.uuid4().hex[:10]}"
+            cmd = self.docker_command(self._container)
+            env = {**os.environ, **self.extra_env}
+        self.command = cmd
+        log.info("starting %s", redact(" ".join(cmd)))
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        try:
+            self._process = subprocess.Popen(
+                cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True, preexec_fn=_set_parent_death_signal,
+            )
+        except FileNotFoundError as exc:
+            self._close_log()
+            raise MissingDependencyError(f"cannot run {cmd[0]!r}: {exc}") from exc
+        _LIVE.add(self)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _choose_ports(self) -> None:
+        for kind, port in self._requested_ports.items():
+            if port == 0:
+                self.ports[kind] = free_port(self.host if self.host != "0.0.0.0" else "127.0.0.1")
+            else:
+                check_port_free(port, self.host, what=f"{kind} port")
+                self.ports[kind] = port
+        if len(set(self.ports.values())) != 3:
+            raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {self.ports}")
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Poll ``/v2/health/ready`` until it answers 200, the process exits, or the bound passes."""
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        delay = 0.1
+        while True:
+            if self._process is not None and self._process.poll() is not None:
+                self._raise_exited()
+            if self.is_ready():
+                return
+            if time.monotonic() > deadline:
+                raise ServerTimeoutError(
+                    f"Triton at {self.http_url} was not ready within "
+                    f"{timeout_s or self.startup_timeout_s:g} s; pass startup_timeout_s= a larger "
+                    f"bound if models are large.\n{self.log_tail()}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _raise_exited(self) -> None:
+        code = self._process.returncode
+        text = self.log_tail()
+        for kind, port in self.ports.items():
+            if f":{port}" in text and ("in use" in text.lower() or "bind" in text.lower()):
+                raise PortInUseError(
+                    f"{kind} port {port} was taken before Triton could bind it; "
+                    f"pass {kind}_port=0 to pick a free one.\n{text}"
+                )
+        raise ServerError(f"tritonserver exited with status {code} before it was ready.\n{text}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the server's log, tokens redacted."""
+        if not self.log_path or not self.log_path.exists():
+            return "(no server log)"
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 64_000))
+            data = f.read().decode("utf-8", "replace")
+        return "server log (last lines):\n" + redact(tail(data, lines))
+
+    def stop(self) -> None:
+        """Stop the server and everything it started. Safe to call twice, or never started."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if self._container:
+            subprocess.run(["docker", "stop", "-t", "10", self._container],
+                           capture_output=True, timeout=self.stop_timeout_s + 10, check=False)
+            self._container = None
+        if process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                process.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver did not stop within %s s; killing it", self.stop_timeout_s)
+        kill_group(process.pid, signal.SIGKILL)  # stubs left behind by the server, if any
+        process.wait()
+        self._close_log()
+        _LIVE.discard(self)
+
+    def _close_log(self) -> None:
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        try:
+            self.stop()
+        except Exception:  # noqa: BLE001 (interpreter shutdown)
+            pass
+
+    # -- live model control (explicit mode) ------------------------------------------------
+    def client(self):
+        """A ``tritonclient.http.InferenceServerClient`` for this server."""
+        import tritonclient.http as httpclient  # noqa: PLC0415
+
+        return httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
+
+    def load_model(self, name: str, config: str | None = None) -> None:
+        """Load (or reload) ``name``; raises with Triton's reason when it fails."""
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            self.client().load_model(name, config=config)
+        except InferenceServerException as exc:
+            raise ServerError(f"Triton could not load model {name!r}: {exc.message()}") from exc
+
+    def unload_model(self, name: str) -> None:
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        try:
+            self.client().unload_model(name)
+        except InferenceServerException as exc:
+            raise ServerError(f"Triton could not unload model {name!r}: {exc.message()}") from exc
+
+    def model_index(self) -> list[dict]:
+        """The repository index: each model's name, version, state and reason."""
+        return self.client().get_model_repository_index()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_LIVE):
+        server.stop()
