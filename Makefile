@@ -1,0 +1,29 @@
+# The README's two commands: `make demo` runs the lab end to end, `make test` runs the tests.
+# Each installs what it needs first. CI (.ci/run) runs `make test`.
+.PHONY: install demo test lint format bench clean
+
+VENV := .venv
+BIN := $(VENV)/bin
+
+install:
+	bash scripts/install.sh
+
+demo: install
+	$(BIN)/labkit run
+
+test: install
+	$(BIN)/ruff check labkit tests
+	$(BIN)/python -m pytest -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check labkit tests
+	$(BIN)/ruff format --check labkit tests
+
+format:
+	$(BIN)/ruff format labkit tests
+
+bench: install
+	$(BIN)/labkit bench batching --json runs/bench-batching.json
+
+clean:
+	rm -rf runs .pytest_cache
