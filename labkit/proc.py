@@ -80,7 +80,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> None:
+def check_port_free(
+    port: int, host: str = "127.0.0.1", what: str = "port", fix: str = "pass 0 to pick a free one"
+) -> None:
     """Raise :class:`PortInUseError` naming ``port`` if something already listens on it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -88,6 +90,5 @@ def check_port_free(port: int, host: str = "127.0.0.1", what: str = "port") -> N
             s.bind((host, port))
         except OSError as exc:
             raise PortInUseError(
-                f"{what} {port} on {host} is in use by another process; "
-                f"pass a different port, or 0 to pick a free one"
+                f"{what} {port} on {host} is in use by another process; {fix}"
             ) from exc

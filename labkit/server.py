@@ -261,8 +261,19 @@ class TritonServer:
 
     def docker_command(self, name: str | None = None) -> list[str]:
         """The tutorial's ``docker run``; tokens go in as ``-e NAME`` so no value is on the line."""
-        cmd = ["docker", "run", "--gpus", "all", "--rm", "--net=host", "--shm-size=1G",
-               "--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
+        cmd = [
+            "docker",
+            "run",
+            "--gpus",
+            "all",
+            "--rm",
+            "--net=host",
+            "--shm-size=1G",
+            "--ulimit",
+            "memlock=-1",
+            "--ulimit",
+            "stack=67108864",
+        ]
         if name:
             cmd += ["--name", name]
         for var in TOKEN_VARIABLES:
@@ -309,8 +320,13 @@ class TritonServer:
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         try:
             self._process = subprocess.Popen(
-                cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=_set_parent_death_signal,
+                cmd,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_set_parent_death_signal,
             )
         except FileNotFoundError as exc:
             self._close_log()
@@ -328,7 +344,12 @@ class TritonServer:
             if port == 0:
                 self.ports[kind] = free_port(self.host if self.host != "0.0.0.0" else "127.0.0.1")
             else:
-                check_port_free(port, self.host, what=f"{kind} port")
+                check_port_free(
+                    port,
+                    self.host,
+                    what=f"{kind} port",
+                    fix=f"pass {kind}_port=0 (labkit serve --{kind}-port 0) to pick a free one",
+                )
                 self.ports[kind] = port
         if len(set(self.ports.values())) != 3:
             raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {self.ports}")
@@ -384,8 +405,12 @@ class TritonServer:
         if process is None:
             return
         if self._container:
-            subprocess.run(["docker", "stop", "-t", "10", self._container],
-                           capture_output=True, timeout=self.stop_timeout_s + 10, check=False)
+            subprocess.run(
+                ["docker", "stop", "-t", "10", self._container],
+                capture_output=True,
+                timeout=self.stop_timeout_s + 10,
+                check=False,
+            )
             self._container = None
         if process.poll() is None:
             try:
@@ -395,7 +420,9 @@ class TritonServer:
             try:
                 process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("tritonserver did not stop within %s s; killing it", self.stop_timeout_s)
+                log.warning(
+                    "tritonserver did not stop within %s s; killing it", self.stop_timeout_s
+                )
         kill_group(process.pid, signal.SIGKILL)  # stubs left behind by the server, if any
         process.wait()
         self._close_log()

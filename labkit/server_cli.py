@@ -27,17 +27,25 @@ def serve(args) -> int:
     if prepare:
         prepare(args.model_repository)
     server = TritonServer(
-        args.model_repository, mode=args.mode, host=args.host, http_port=args.http_port,
-        grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-        load_models=args.load_model or "*", tritonserver=args.tritonserver,
+        args.model_repository,
+        mode=args.mode,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        load_models=args.load_model or "*",
+        tritonserver=args.tritonserver,
         log_path=args.log_file,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with server:
-        print(f"Triton is ready. HTTP: http://{server.http_url}  gRPC: {server.grpc_url}  "
-              f"metrics: {server.metrics_url}", flush=True)
+        print(
+            f"Triton is ready. HTTP: http://{server.http_url}  gRPC: {server.grpc_url}  "
+            f"metrics: {server.metrics_url}",
+            flush=True,
+        )
         print(f"server log: {server.log_path}   (Ctrl+C to stop)", flush=True)
         stop.wait()
     print("Triton stopped.", flush=True)

@@ -1,0 +1,219 @@
+"""labkit.server: locate, start, readiness, errors and clean stop, against a real tritonserver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from labkit.errors import MissingDependencyError, PortInUseError, ServerError
+from labkit.server import TritonServer, locate_tritonserver
+
+ECHO_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
+output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
+"""
+
+ECHO_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            out = np.array([t[::-1] for t in text.reshape(-1)], dtype=object)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", out)]))
+        return responses
+"""
+
+
+def write_model(repo, name, model_py=ECHO_MODEL, config=ECHO_CONFIG):
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
+
+
+@pytest.fixture
+def echo_repo(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "echo")
+    return repo
+
+
+def generate(server, model, text):
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate",
+        data=json.dumps({"text_input": text}).encode(),
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)["text_output"]
+
+
+def group_alive(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def test_explicit_path_that_is_not_executable_names_the_path(tmp_path):
+    with pytest.raises(MissingDependencyError, match="nope/tritonserver"):
+        locate_tritonserver(tmp_path / "nope" / "tritonserver")
+
+
+def test_environment_variable_takes_precedence_over_path(tmp_path, monkeypatch):
+    fake = tmp_path / "tritonserver"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LABKIT_TRITONSERVER", str(fake))
+    found = locate_tritonserver()
+    assert (found.path, found.source) == (fake, "LABKIT_TRITONSERVER")
+
+
+def test_bundled_server_gets_stub_and_libpython(monkeypatch):
+    monkeypatch.delenv("LABKIT_TRITONSERVER", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    found = locate_tritonserver()
+    assert found.source == "nvidia-pytriton"
+    assert (found.backend_directory / "python" / "triton_python_backend_stub").is_file()
+    assert found.env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == __import__(
+        "sysconfig"
+    ).get_config_var("LIBDIR")
+    assert found.env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+
+
+def test_docker_command_is_the_tutorials_and_holds_no_secret(echo_repo, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
+    monkeypatch.setenv("PRIVATE_REPO_TOKEN", "hf_othersecret456")
+    server = TritonServer(echo_repo, mode="docker", image="example/triton:1")
+    cmd = server.docker_command("c1")
+    line = " ".join(cmd)
+    assert "supersecret" not in line and "othersecret" not in line
+    assert cmd[cmd.index("HF_TOKEN") - 1] == "-e"
+    assert cmd[cmd.index("PRIVATE_REPO_TOKEN") - 1] == "-e"
+    for flag in [
+        "--gpus all",
+        "--net=host",
+        "--shm-size=1G",
+        "--ulimit memlock=-1",
+        "--ulimit stack=67108864",
+        f"-v {echo_repo}:/opt/tritonserver/model_repository",
+    ]:
+        assert flag in line
+    after_image = cmd[cmd.index("example/triton:1") + 1 :]
+    assert after_image[0] == "tritonserver"
+    assert "--model-repository=/opt/tritonserver/model_repository" in after_image
+    assert "--model-control-mode=explicit" in after_image
+    assert "--http-address=127.0.0.1" in after_image
+    assert "supersecret" not in repr(server)
+
+
+def test_missing_repository_is_named(tmp_path):
+    with pytest.raises(ServerError, match="does-not-exist"):
+        TritonServer(tmp_path / "does-not-exist")
+
+
+def test_busy_port_error_names_the_port(echo_repo):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = TritonServer(echo_repo, http_port=port, grpc_port=0, metrics_port=0)
+        with pytest.raises(PortInUseError, match=f"http port {port} .* in use.*http_port=0"):
+            server.start()
+        assert server.pid is None
+
+
+@pytest.mark.integration
+def test_port_taken_between_choosing_and_binding_names_the_port(echo_repo, monkeypatch, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setattr("labkit.server.check_port_free", lambda *a, **k: None)
+        server = TritonServer(
+            echo_repo,
+            http_port=port,
+            grpc_port=0,
+            metrics_port=0,
+            log_path=tmp_path / "race.log",
+            startup_timeout_s=60,
+        )
+        with pytest.raises(PortInUseError, match=str(port)):
+            server.start()
+        assert not server.running
+
+
+@pytest.mark.integration
+def test_serves_on_loopback_and_stop_leaves_no_process(echo_repo, start_server):
+    server = start_server(echo_repo)
+    assert generate(server, "echo", "abc") == "cba"
+    connections = psutil.Process(server.pid).net_connections()
+    listening = {c.laddr.ip.removeprefix("::ffff:") for c in connections if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}  # HTTP, gRPC (IPv4-mapped) and metrics: loopback only
+    pgid = server.pid
+    assert any(p.name().startswith("triton_python") for p in group_alive(pgid))
+    server.stop()
+    assert group_alive(pgid) == []
+    server.stop()  # a second stop is harmless
+
+
+@pytest.mark.integration
+def test_remote_mode_attaches_without_owning(echo_repo, start_server):
+    owner = start_server(echo_repo)
+    with TritonServer(url=f"http://{owner.http_url}") as remote:
+        assert remote.mode == "remote" and remote.http_url == owner.http_url
+        assert generate(remote, "echo", "xy") == "yx"
+    assert owner.running and generate(owner, "echo", "ok") == "ko"
+
+
+@pytest.mark.integration
+def test_model_that_fails_to_load_is_reported_with_the_log_tail(tmp_path, start_server):
+    repo = tmp_path / "repo"
+    write_model(repo, "broken", model_py="raise RuntimeError('weights are missing: run prepare')\n")
+    with pytest.raises(ServerError, match="weights are missing: run prepare"):
+        start_server(repo)
+
+
+@pytest.mark.integration
+def test_killed_parent_leaves_no_server(echo_repo, tmp_path):
+    script = textwrap.dedent(f"""
+        import time
+        from labkit.server import TritonServer
+        s = TritonServer({str(echo_repo)!r}, http_port=0, grpc_port=0, metrics_port=0,
+                         log_path={str(tmp_path / "orphan.log")!r}).start()
+        print(s.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        assert group_alive(pid)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+    deadline = time.monotonic() + 30
+    while group_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    leftover = group_alive(pid)
+    for proc in leftover:  # clean up before failing, so the failure leaves nothing running
+        proc.kill()
+    assert leftover == []
