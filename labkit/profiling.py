@@ -1,0 +1,450 @@
+"""Measure a served model: perf_analyzer sweeps and Triton's Prometheus metrics, as DataFrames.
+
+perf_analyzer comes from the ``tritonclient==2.51.0`` manylinux wheel (``bin/perf_analyzer``), or
+from ``LABKIT_PERF_ANALYZER`` / ``PATH`` (the SDK container on GPU hosts). It links ``libb64.so.0d``
+(Debian ``libb64-0d``) and ``libcudart.so.12`` (PyPI ``nvidia-cuda-runtime-cu12``, whose folder
+labkit puts on ``LD_LIBRARY_PATH``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from . import proc
+from .errors import ConfigError, MissingDependencyError, ToolError
+
+log = logging.getLogger(__name__)
+
+#: perf_analyzer's CSV headers (``--verbose-csv``) and the names labkit gives them.
+_CSV_COLUMNS = {
+    "Concurrency": "concurrency",
+    "Inferences/Second": "throughput",
+    "p50 latency": "p50_ms",
+    "p90 latency": "p90_ms",
+    "p95 latency": "p95_ms",
+    "p99 latency": "p99_ms",
+    "Avg latency": "avg_latency_ms",
+    "Server Queue": "queue_ms",
+    "Server Compute Input": "compute_input_ms",
+    "Server Compute Infer": "compute_infer_ms",
+    "Server Compute Output": "compute_output_ms",
+    "Client Send": "client_send_ms",
+    "Network+Server Send/Recv": "network_ms",
+    "Client Recv": "client_recv_ms",
+    "Avg GPU Utilization": "gpu_utilization",
+    "Avg GPU Power Usage": "gpu_power_w",
+    "Max GPU Memory Usage": "gpu_memory_max_bytes",
+    "Total GPU Memory": "gpu_memory_total_bytes",
+}
+_USEC_COLUMNS = [v for v in _CSV_COLUMNS.values() if v.endswith("_ms")]
+_FIXES = {
+    "libb64.so.0d": "install the Debian/Ubuntu package: `sudo apt-get install -y libb64-0d`",
+    "libcudart.so.12": "install the CUDA runtime wheel: `pip install nvidia-cuda-runtime-cu12`",
+}
+_UNSTABLE = "Failed to obtain stable measurement"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A located executable and the environment it must run with."""
+
+    path: Path
+    source: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+
+def _cuda_runtime_lib() -> str | None:
+    """The ``nvidia/cuda_runtime/lib`` folder of the ``nvidia-cuda-runtime-cu12`` wheel, if any."""
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_runtime")
+    except ModuleNotFoundError:
+        return None
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(root) / "lib"
+        if lib.is_dir():
+            return str(lib)
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def locate_perf_analyzer(explicit: str | os.PathLike | None = None) -> Tool:
+    """Find a perf_analyzer that loads: argument > ``LABKIT_PERF_ANALYZER`` > this env > PATH.
+
+    Raises :class:`MissingDependencyError` naming what to install when it is missing or a shared
+    library it needs cannot be loaded.
+    """
+    candidates = [
+        (explicit, "argument"),
+        (os.environ.get("LABKIT_PERF_ANALYZER") or None, "LABKIT_PERF_ANALYZER"),
+        (Path(sys.executable).parent / "perf_analyzer", "python environment"),
+        (shutil.which("perf_analyzer"), "PATH"),
+    ]
+    found = None
+    for value, source in candidates:
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if path.is_file() and os.access(path, os.X_OK):
+            found = (path, source)
+            break
+        if source in ("argument", "LABKIT_PERF_ANALYZER"):
+            raise MissingDependencyError(
+                f"perf_analyzer given by {source} is not an executable file: {str(path)!r}; "
+                "fix the path, or unset it to use the one from tritonclient==2.51.0"
+            )
+    if found is None:
+        raise MissingDependencyError(
+            "perf_analyzer not found (LABKIT_PERF_ANALYZER, this Python environment, PATH); "
+            "install it with `pip install 'tritonclient[all]==2.51.0'` (its manylinux wheel ships "
+            "bin/perf_analyzer; later releases do not), or use the Triton SDK container"
+        )
+    path, source = found
+    libs = [p for p in (_cuda_runtime_lib(), os.environ.get("LD_LIBRARY_PATH")) if p]
+    tool = Tool(path, source, {"LD_LIBRARY_PATH": os.pathsep.join(libs)} if libs else {})
+    result = proc.run([path, "--version"], timeout_s=30, env=tool.environ(), check=False)
+    text = (result.stderr or "") + (result.stdout or "")
+    missing = re.search(r"error while loading shared libraries: ([^:\s]+)", text)
+    if missing:
+        lib = missing.group(1)
+        fix = _FIXES.get(lib, f"install the package that provides {lib}")
+        raise MissingDependencyError(
+            f"perf_analyzer at {str(path)!r} cannot load {lib}; {fix}.\n{proc.tail(text, 5)}"
+        )
+    log.debug("perf_analyzer %s (%s): %s", path, source, text.strip())
+    return tool
+
+
+def _endpoint(server, protocol: str) -> tuple[str, str | None]:
+    """(url, metrics url) from a TritonServer or a ``host:port`` string."""
+    if isinstance(server, str):
+        return server.split("://", 1)[-1], None
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    return url, getattr(server, "metrics_url", None)
+
+
+def _concurrency_levels(concurrency: int | str | Iterable[int]) -> list[int]:
+    """1, "2:16:2" (perf_analyzer's start:end:step) or a list -> sorted distinct levels."""
+    if isinstance(concurrency, int):
+        levels = [concurrency]
+    elif isinstance(concurrency, str):
+        parts = [int(p) for p in concurrency.split(":")]
+        if not 1 <= len(parts) <= 3 or parts[0] < 1:
+            raise ConfigError(
+                f"concurrency range {concurrency!r} is not start[:end[:step]] with start >= 1; "
+                "write it like '2:16:2'"
+            )
+        start, end, step = parts[0], parts[1] if len(parts) > 1 else parts[0], 1
+        if len(parts) == 3:
+            step = max(parts[2], 1)
+        levels = list(range(start, end + 1, step))
+    else:
+        levels = [int(c) for c in concurrency]
+    if not levels or min(levels) < 1:
+        raise ConfigError(f"concurrency must be one or more levels >= 1, got {concurrency!r}")
+    return sorted(set(levels))
+
+
+def _parameter_args(parameters: Mapping[str, object] | None) -> list[str]:
+    args = []
+    for name, value in (parameters or {}).items():
+        kind = "bool" if isinstance(value, bool) else "int" if isinstance(value, int) else "string"
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        args.append(f"--request-parameter={name}:{text}:{kind}")
+    return args
+
+
+def perf_analyzer(
+    server,
+    model: str,
+    *,
+    concurrency: int | str | Iterable[int] = 1,
+    protocol: str = "http",
+    string_data: str | None = None,
+    input_data: str | os.PathLike | Sequence[Mapping] | Mapping | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    request_parameters: Mapping[str, object] | None = None,
+    measurement_interval_ms: int = 2000,
+    measurement_mode: str = "time_windows",
+    measurement_request_count: int | None = None,
+    stability_percentage: float = 30.0,
+    max_trials: int = 8,
+    collect_metrics: bool = True,
+    metrics_url: str | None = None,
+    run_dir: str | os.PathLike | None = None,
+    label: str | None = None,
+    timeout_s: float = 300.0,
+    progress: bool = True,
+    extra_args: Sequence[str] = (),
+    perf_analyzer_path: str | os.PathLike | None = None,
+) -> pd.DataFrame:
+    """Measure ``model`` at each concurrency level and return one row per level.
+
+    ``server`` is a :class:`~labkit.server.TritonServer` or a ``host:port`` URL. Levels run one
+    perf_analyzer each (so a sweep shows progress and one unstable level does not sink the rest);
+    every level's CSV and output stay in ``run_dir``. Latencies are in milliseconds; ``throughput``
+    is in inferences per second; ``avg_batch_size`` is the server's inference count over its
+    execution count during the level. A level whose numbers did not settle is measured once more
+    without the stability rule and kept with ``stable=False``.
+
+    Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input).
+    """
+    if protocol not in ("http", "grpc"):
+        raise ConfigError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+    if measurement_mode not in ("time_windows", "count_windows"):
+        raise ConfigError(
+            f"measurement_mode must be 'time_windows' or 'count_windows', got {measurement_mode!r}"
+        )
+    tool = locate_perf_analyzer(perf_analyzer_path)
+    levels = _concurrency_levels(concurrency)
+    url, default_metrics = _endpoint(server, protocol)
+    run_dir = Path(run_dir or tempfile.mkdtemp(prefix="labkit-perf-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    name = label or model
+    base = [str(tool.path), "-m", model, "-u", url, "-i", protocol, "--verbose-csv"]
+    base += [
+        f"--measurement-interval={measurement_interval_ms}",
+        f"--measurement-mode={measurement_mode}",
+        f"--max-trials={max_trials}",
+    ]
+    if measurement_request_count:
+        base.append(f"--measurement-request-count={measurement_request_count}")
+    if string_data is not None:
+        base.append(f"--string-data={string_data}")
+    if input_data is not None:
+        base.append(f"--input-data={_input_data_file(input_data, run_dir)}")
+    for tensor, dims in (shapes or {}).items():
+        base.append(f"--shape={tensor}:{','.join(str(d) for d in dims)}")
+    base += _parameter_args(request_parameters)
+    metrics_url = metrics_url or default_metrics
+    if collect_metrics and metrics_url:
+        base += ["--collect-metrics", f"--metrics-url={metrics_url.split('://', 1)[-1]}"]
+    base += list(extra_args)
+
+    from tqdm.auto import tqdm  # noqa: PLC0415 (only sweeps need it)
+
+    rows = []
+    bar = tqdm(levels, desc=f"perf_analyzer {name}", unit="level", disable=not progress)
+    for level in bar:
+        bar.set_postfix(concurrency=level)
+        rows.append(_measure(tool, base, level, stability_percentage, run_dir, name, timeout_s))
+    frame = pd.DataFrame(rows).sort_values("concurrency", ignore_index=True)
+    frame.insert(0, "config", name)
+    frame.attrs.update(run_dir=str(run_dir), model=model, url=url, protocol=protocol)
+    frame.to_csv(run_dir / f"{_slug(name)}.csv", index=False)
+    log.info("perf_analyzer %s: %d levels, results in %s", name, len(frame), run_dir)
+    return frame
+
+
+def _measure(
+    tool: Tool,
+    base: list[str],
+    level: int,
+    stability: float,
+    run_dir: Path,
+    name: str,
+    timeout_s: float,
+) -> dict:
+    stem = run_dir / f"{_slug(name)}-c{level}"
+    csv_path = stem.with_suffix(".raw.csv")
+    args = [*base, f"--concurrency-range={level}", "-f", str(csv_path)]
+    stable = True
+    result = _run(tool, [*args, f"--stability-percentage={stability:g}"], timeout_s, stem)
+    if result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr:
+        log.warning(
+            "%s at concurrency %d did not settle within %g%%; measuring once more "
+            "without the stability rule",
+            name,
+            level,
+            stability,
+        )
+        stable = False
+        result = _run(
+            tool, [*args, "--stability-percentage=1000", "--max-trials=3"], timeout_s, stem
+        )
+    if result.returncode != 0 or not csv_path.is_file():
+        message = proc.tail((result.stderr or "") + (result.stdout or ""), 15).strip()
+        raise ToolError(
+            f"perf_analyzer failed for {name!r} at concurrency {level} (status "
+            f"{result.returncode}): {message}\nCheck that the model is loaded and that input "
+            f"names and shapes match its config; full output in {stem}.log"
+        )
+    row = _parse_csv(csv_path)
+    row.update(_parse_server_counts(result.stdout))
+    row["concurrency"] = level
+    row["stable"] = stable
+    return row
+
+
+def _run(tool: Tool, args: list[str], timeout_s: float, stem: Path):
+    started = time.monotonic()
+    result = proc.run(args, timeout_s=timeout_s, env=tool.environ(), check=False)
+    stem.with_suffix(".log").write_text(
+        f"$ {' '.join(args)}\n# status {result.returncode} after "
+        f"{time.monotonic() - started:.1f} s\n{result.stdout}\n{result.stderr}"
+    )
+    return result
+
+
+def _parse_csv(path: Path) -> dict:
+    raw = pd.read_csv(path)
+    if raw.empty:
+        raise ToolError(f"perf_analyzer wrote no measurements to {path}")
+    first = raw.iloc[0]
+    row = {}
+    for header, column in _CSV_COLUMNS.items():
+        value = pd.to_numeric(first.get(header), errors="coerce")
+        row[column] = value / 1000.0 if column in _USEC_COLUMNS else value
+    return row
+
+
+def _parse_server_counts(stdout: str) -> dict:
+    """The server-side inference and execution counts perf_analyzer prints (not in its CSV)."""
+    server = stdout.split("Server:", 1)[-1] if "Server:" in stdout else ""
+    out = {"request_count": _number(r"Request count: (\d+)", stdout)}
+    out["inference_count"] = _number(r"Inference count: (\d+)", server)
+    out["execution_count"] = _number(r"Execution count: (\d+)", server)
+    executions = out["execution_count"]
+    out["avg_batch_size"] = out["inference_count"] / executions if executions else float("nan")
+    return out
+
+
+def _number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    return float(match.group(1)) if match else float("nan")
+
+
+def _input_data_file(data, run_dir: Path) -> str:
+    """A path as given, or JSON data (a list of requests, or perf_analyzer's {"data": [...]})."""
+    if isinstance(data, (str, os.PathLike)):
+        if str(data) in ("zero", "random"):
+            return str(data)
+        path = Path(data)
+        if not path.exists():
+            raise ConfigError(
+                f"input_data file {str(path)!r} does not exist; pass a JSON file, "
+                "a list of {input: [values]} requests, 'zero' or 'random'"
+            )
+        return str(path)
+    document = data if isinstance(data, Mapping) else {"data": list(data)}
+    path = run_dir / "input-data.json"
+    path.write_text(json.dumps(document, indent=1))
+    return str(path)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
+
+# -- Prometheus metrics ------------------------------------------------------------------------
+
+_MODEL_COUNTERS = {
+    "nv_inference_request_success": "request_success",
+    "nv_inference_request_failure": "request_failure",
+    "nv_inference_count": "inference_count",
+    "nv_inference_exec_count": "execution_count",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_input_duration_us": "compute_input_us",
+    "nv_inference_compute_infer_duration_us": "compute_infer_us",
+    "nv_inference_compute_output_duration_us": "compute_output_us",
+}
+_SYSTEM_GAUGES = {
+    "nv_cpu_utilization": "cpu_utilization",
+    "nv_cpu_memory_used_bytes": "cpu_memory_used_bytes",
+    "nv_cpu_memory_total_bytes": "cpu_memory_total_bytes",
+    "nv_gpu_utilization": "gpu_utilization",
+    "nv_gpu_memory_used_bytes": "gpu_memory_used_bytes",
+    "nv_gpu_memory_total_bytes": "gpu_memory_total_bytes",
+    "nv_gpu_power_usage": "gpu_power_w",
+}
+
+
+def scrape(source, timeout_s: float = 10.0) -> pd.DataFrame:
+    """Every sample of the metrics endpoint: one row per sample (name, labels..., value).
+
+    ``source`` is a :class:`~labkit.server.TritonServer`, a metrics URL, or exposition text.
+    """
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = _metrics_text(source, timeout_s)
+    rows = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # The parser names counter samples ``<family>_total``; keep Triton's own names.
+            name = family.name if sample.name == f"{family.name}_total" else sample.name
+            rows.append({"name": name, **sample.labels, "value": float(sample.value)})
+    return pd.DataFrame(rows)
+
+
+def _metrics_text(source, timeout_s: float) -> str:
+    url = getattr(source, "metrics_url", source)
+    if not isinstance(url, str):
+        raise ConfigError(f"metrics source must be a server, a URL or text, got {source!r}")
+    if "\n" in url or url.startswith("#"):
+        return url
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read().decode("utf-8")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ToolError(
+            f"cannot read Triton metrics at {url}: {exc}; check the server runs with "
+            "--allow-metrics=true and that the metrics port is right"
+        ) from exc
+
+
+def metrics(source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.0) -> pd.DataFrame:
+    """Per-model metrics from Triton's endpoint, one row per (model, version).
+
+    Columns: the counters (``inference_count``, ``execution_count``, ``queue_us``, ...),
+    ``avg_batch_size`` (inference count / execution count), average queue and compute
+    milliseconds per request, and the server-wide CPU/GPU utilisation and memory where reported.
+    Pass ``since=`` an earlier result to get the counters' change over that interval.
+    """
+    samples = scrape(source, timeout_s)
+    if samples.empty or "model" not in samples:
+        return pd.DataFrame(columns=["model", "version", *_MODEL_COUNTERS.values()])
+    per_model = samples[samples["name"].isin(_MODEL_COUNTERS) & samples["model"].notna()]
+    frame = (
+        per_model.assign(metric=per_model["name"].map(_MODEL_COUNTERS))
+        .groupby(["model", "version", "metric"])["value"]
+        .sum()  # failure reasons add up
+        .unstack("metric")
+        .reindex(columns=list(_MODEL_COUNTERS.values()))
+        .fillna(0.0)
+        .reset_index()
+    )
+    if since is not None and not since.empty:
+        before = since.set_index(["model", "version"])[list(_MODEL_COUNTERS.values())]
+        now = frame.set_index(["model", "version"])
+        frame = now.sub(before.reindex(now.index).fillna(0.0)).reset_index()
+    executions = frame["execution_count"].where(frame["execution_count"] > 0)
+    requests = frame["request_success"].where(frame["request_success"] > 0)
+    frame["avg_batch_size"] = frame["inference_count"] / executions
+    for part in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        frame[f"avg_{part}_ms"] = frame[f"{part}_us"] / requests / 1000.0
+    for name, column in _SYSTEM_GAUGES.items():
+        values = samples.loc[samples["name"] == name, "value"]
+        if not values.empty:  # per GPU: mean utilisation, summed memory
+            frame[column] = values.mean() if "utilization" in name else values.sum()
+    return frame.sort_values(["model", "version"], ignore_index=True)

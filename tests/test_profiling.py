@@ -1,0 +1,209 @@
+"""perf_analyzer and Triton metrics against a real server serving a small Python-backend model."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from labkit import profiling
+from labkit.errors import ConfigError, MissingDependencyError, ToolError
+
+SLEEPY_MODEL = textwrap.dedent(
+    '''
+    """Sleeps a fixed time per execute, whatever the batch, then upper-cases each text."""
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.sleep_s = float({sleep_ms}) / 1000.0
+
+        def execute(self, requests):
+            time.sleep(self.sleep_s)
+            responses = []
+            for request in requests:
+                text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+                upper = np.array([[t.upper() for t in row] for row in text], dtype=np.object_)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", upper)]))
+            return responses
+    '''
+)
+
+
+def write_sleepy_model(
+    repo: Path, name: str = "sleepy", *, sleep_ms: int = 20, batching: bool = True
+) -> Path:
+    """A model whose execute costs ``sleep_ms`` whatever its batch, so batching visibly helps."""
+    folder = Path(repo) / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(SLEEPY_MODEL.replace("{sleep_ms}", str(sleep_ms)))
+    batching_block = "dynamic_batching { max_queue_delay_microseconds: 2000 }" if batching else ""
+    (folder / "config.pbtxt").write_text(
+        textwrap.dedent(
+            f"""
+            name: "{name}"
+            backend: "python"
+            max_batch_size: 8
+            {batching_block}
+            input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }} ]
+            output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
+            instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+            """
+        )
+    )
+    return folder
+
+
+FAST = dict(measurement_interval_ms=1000, stability_percentage=50, max_trials=6, progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from labkit.server import TritonServer
+
+    root = tmp_path_factory.mktemp("profiling")
+    write_sleepy_model(root / "repo", "sleepy", batching=True)
+    with TritonServer(
+        root / "repo",
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=240,
+        log_path=root / "tritonserver.log",
+    ) as running:
+        yield running
+
+
+def test_concurrency_ranges_read_like_perf_analyzers():
+    assert profiling._concurrency_levels("2:16:2") == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert profiling._concurrency_levels("3") == [3]
+    assert profiling._concurrency_levels([8, 1, 8]) == [1, 8]
+    with pytest.raises(ConfigError, match="'0:4'"):
+        profiling._concurrency_levels("0:4")
+
+
+def test_a_perf_analyzer_that_is_not_there_names_the_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABKIT_PERF_ANALYZER", str(tmp_path / "nope"))
+    profiling.locate_perf_analyzer.cache_clear()
+    try:
+        with pytest.raises(MissingDependencyError, match="LABKIT_PERF_ANALYZER.*nope"):
+            profiling.locate_perf_analyzer()
+    finally:
+        profiling.locate_perf_analyzer.cache_clear()
+
+
+def test_a_missing_cuda_runtime_names_the_wheel_to_install(monkeypatch):
+    monkeypatch.setattr(profiling, "_cuda_runtime_lib", lambda: None)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    profiling.locate_perf_analyzer.cache_clear()
+    try:
+        with pytest.raises(MissingDependencyError, match="nvidia-cuda-runtime-cu12"):
+            profiling.locate_perf_analyzer()
+    finally:
+        profiling.locate_perf_analyzer.cache_clear()
+
+
+@pytest.mark.integration
+def test_a_sweep_gives_one_sane_row_per_concurrency_sorted(server, tmp_path):
+    frame = profiling.perf_analyzer(
+        server, "sleepy", concurrency=[4, 1], string_data="hello", run_dir=tmp_path, **FAST
+    )
+    assert list(frame["concurrency"]) == [1, 4]
+    assert (frame["throughput"] > 0).all()
+    assert (frame["inference_count"] > 0).all()
+    assert (frame["p99_ms"] >= frame["p50_ms"]).all()
+    assert (frame["compute_infer_ms"] >= 15).all()  # the model sleeps 20 ms per execute
+    # Four clients keep the dynamic batcher busy: batches form and throughput rises.
+    one, four = frame.iloc[0], frame.iloc[1]
+    assert one["avg_batch_size"] == pytest.approx(1.0)
+    assert four["avg_batch_size"] > 1.5
+    assert four["throughput"] > 1.5 * one["throughput"]
+    assert (tmp_path / "sleepy.csv").is_file()
+    assert (tmp_path / "sleepy-c4.raw.csv").is_file() and (tmp_path / "sleepy-c4.log").is_file()
+
+
+@pytest.mark.integration
+def test_grpc_with_json_input_data_and_a_label(server, tmp_path):
+    frame = profiling.perf_analyzer(
+        server,
+        "sleepy",
+        protocol="grpc",
+        input_data=[{"text_input": ["I am going"]}, {"text_input": ["Where is the nearest"]}],
+        label="sleepy over grpc",
+        run_dir=tmp_path,
+        **FAST,
+    )
+    assert frame.loc[0, "config"] == "sleepy over grpc"
+    assert frame.loc[0, "request_count"] > 0
+    assert (tmp_path / "input-data.json").is_file()
+
+
+@pytest.mark.integration
+def test_a_model_that_is_not_loaded_carries_perf_analyzers_message(server, tmp_path):
+    with pytest.raises(ToolError, match="unknown model.*'absent'"):
+        profiling.perf_analyzer(server, "absent", string_data="x", run_dir=tmp_path, **FAST)
+
+
+@pytest.mark.integration
+def test_a_wrong_input_name_carries_perf_analyzers_message(server, tmp_path):
+    with pytest.raises(ToolError, match="missing tensor text_input"):
+        profiling.perf_analyzer(
+            server, "sleepy", input_data=[{"prompt": ["hi"]}], run_dir=tmp_path, **FAST
+        )
+
+
+@pytest.mark.integration
+def test_an_unstable_measurement_is_reported_not_raised(server, tmp_path):
+    frame = profiling.perf_analyzer(
+        server,
+        "sleepy",
+        string_data="x",
+        measurement_interval_ms=200,
+        stability_percentage=0.001,
+        max_trials=3,
+        progress=False,
+        run_dir=tmp_path,
+    )
+    assert not frame.loc[0, "stable"]
+    assert frame.loc[0, "throughput"] > 0
+
+
+@pytest.mark.integration
+def test_metrics_report_batches_above_one_after_concurrent_load(server, tmp_path):
+    before = profiling.metrics(server)
+    profiling.perf_analyzer(
+        server, "sleepy", concurrency=6, string_data="hi", run_dir=tmp_path, **FAST
+    )
+    after = profiling.metrics(server, since=before)
+    row = after.set_index("model").loc["sleepy"]
+    assert row["inference_count"] > 0
+    assert row["avg_batch_size"] > 1.5
+    assert row["avg_compute_infer_ms"] > 0
+    assert 0.0 <= profiling.metrics(server).loc[0, "cpu_utilization"] <= 1.0
+
+
+def test_metrics_parse_exposition_text():
+    text = textwrap.dedent(
+        """
+        # TYPE nv_inference_count counter
+        nv_inference_count{model="m",version="1"} 30
+        # TYPE nv_inference_exec_count counter
+        nv_inference_exec_count{model="m",version="1"} 10
+        # TYPE nv_inference_request_success counter
+        nv_inference_request_success{model="m",version="1"} 30
+        # TYPE nv_inference_queue_duration_us counter
+        nv_inference_queue_duration_us{model="m",version="1"} 60000
+        # TYPE nv_gpu_utilization gauge
+        nv_gpu_utilization{gpu_uuid="GPU-a"} 0.5
+        nv_gpu_utilization{gpu_uuid="GPU-b"} 0.7
+        """
+    ).lstrip()
+    row = profiling.metrics(text).iloc[0]
+    assert row["avg_batch_size"] == 3.0
+    assert row["avg_queue_ms"] == 2.0
+    assert row["gpu_utilization"] == pytest.approx(0.6)
