@@ -5,9 +5,10 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from labkit import profiling
+from labkit import plots, profiling
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
 
 SLEEPY_MODEL = textwrap.dedent(
@@ -126,6 +127,15 @@ def test_a_sweep_gives_one_sane_row_per_concurrency_sorted(server, tmp_path):
     assert (tmp_path / "sleepy.csv").is_file()
     assert (tmp_path / "sleepy-c4.raw.csv").is_file() and (tmp_path / "sleepy-c4.log").is_file()
 
+    # The same frame feeds every figure.
+    fig = plots.throughput_vs_latency(frame)
+    assert list(fig.data[0].y) == list(frame["throughput"])
+    stacked = plots.latency_breakdown(frame)
+    assert {t.name for t in stacked.data} >= {"queue", "compute infer"}
+    compare = plots.batching_comparison(frame.assign(config="off"), frame)
+    assert len(compare.data) == 4
+    assert list(plots.batch_sizes(frame).data[0].y) == list(frame["avg_batch_size"])
+
 
 @pytest.mark.integration
 def test_grpc_with_json_input_data_and_a_label(server, tmp_path):
@@ -185,6 +195,7 @@ def test_metrics_report_batches_above_one_after_concurrent_load(server, tmp_path
     assert row["avg_batch_size"] > 1.5
     assert row["avg_compute_infer_ms"] > 0
     assert 0.0 <= profiling.metrics(server).loc[0, "cpu_utilization"] <= 1.0
+    assert list(plots.batch_sizes(after).data[0].y) == list(after["avg_batch_size"])
 
 
 def test_metrics_parse_exposition_text():
@@ -207,3 +218,8 @@ def test_metrics_parse_exposition_text():
     assert row["avg_batch_size"] == 3.0
     assert row["avg_queue_ms"] == 2.0
     assert row["gpu_utilization"] == pytest.approx(0.6)
+
+
+def test_a_frame_without_the_needed_columns_is_refused_by_name():
+    with pytest.raises(ConfigError, match="'p99_ms'"):
+        plots.throughput_vs_latency(pd.DataFrame({"concurrency": [1], "throughput": [2.0]}))

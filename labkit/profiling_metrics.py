@@ -1,0 +1,107 @@
+"""Triton's Prometheus metrics endpoint as DataFrames: per-model counters, batch sizes, CPU/GPU.
+
+Parsed with prometheus_client's own text parser. :func:`metrics` with ``since=`` gives the change
+over an interval, which is what an average batch size under a given load needs.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pandas as pd
+
+from .errors import ConfigError, ToolError
+
+_MODEL_COUNTERS = {
+    "nv_inference_request_success": "request_success",
+    "nv_inference_request_failure": "request_failure",
+    "nv_inference_count": "inference_count",
+    "nv_inference_exec_count": "execution_count",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_input_duration_us": "compute_input_us",
+    "nv_inference_compute_infer_duration_us": "compute_infer_us",
+    "nv_inference_compute_output_duration_us": "compute_output_us",
+}
+_SYSTEM_GAUGES = {
+    "nv_cpu_utilization": "cpu_utilization",
+    "nv_cpu_memory_used_bytes": "cpu_memory_used_bytes",
+    "nv_cpu_memory_total_bytes": "cpu_memory_total_bytes",
+    "nv_gpu_utilization": "gpu_utilization",
+    "nv_gpu_memory_used_bytes": "gpu_memory_used_bytes",
+    "nv_gpu_memory_total_bytes": "gpu_memory_total_bytes",
+    "nv_gpu_power_usage": "gpu_power_w",
+}
+
+
+def scrape(source, timeout_s: float = 10.0) -> pd.DataFrame:
+    """Every sample of the metrics endpoint: one row per sample (name, labels..., value).
+
+    ``source`` is a :class:`~labkit.server.TritonServer`, a metrics URL, or exposition text.
+    """
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    text = _metrics_text(source, timeout_s)
+    rows = []
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # The parser names counter samples ``<family>_total``; keep Triton's own names.
+            name = family.name if sample.name == f"{family.name}_total" else sample.name
+            rows.append({"name": name, **sample.labels, "value": float(sample.value)})
+    return pd.DataFrame(rows)
+
+
+def _metrics_text(source, timeout_s: float) -> str:
+    url = getattr(source, "metrics_url", source)
+    if not isinstance(url, str):
+        raise ConfigError(f"metrics source must be a server, a URL or text, got {source!r}")
+    if "\n" in url or url.startswith("#"):
+        return url
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read().decode("utf-8")
+    except (urllib.error.URLError, OSError) as exc:
+        raise ToolError(
+            f"cannot read Triton metrics at {url}: {exc}; check the server runs with "
+            "--allow-metrics=true and that the metrics port is right"
+        ) from exc
+
+
+def metrics(source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.0) -> pd.DataFrame:
+    """Per-model metrics from Triton's endpoint, one row per (model, version).
+
+    Columns: the counters (``inference_count``, ``execution_count``, ``queue_us``, ...),
+    ``avg_batch_size`` (inference count / execution count), average queue and compute
+    milliseconds per request, and the server-wide CPU/GPU utilisation and memory where reported.
+    Pass ``since=`` an earlier result to get the counters' change over that interval.
+    """
+    samples = scrape(source, timeout_s)
+    if samples.empty or "model" not in samples:
+        return pd.DataFrame(columns=["model", "version", *_MODEL_COUNTERS.values()])
+    per_model = samples[samples["name"].isin(_MODEL_COUNTERS) & samples["model"].notna()]
+    frame = (
+        per_model.assign(metric=per_model["name"].map(_MODEL_COUNTERS))
+        .groupby(["model", "version", "metric"])["value"]
+        .sum()  # failure reasons add up
+        .unstack("metric")
+        .reindex(columns=list(_MODEL_COUNTERS.values()))
+        .fillna(0.0)
+        .reset_index()
+    )
+    if since is not None and not since.empty:
+        before = since.set_index(["model", "version"])[list(_MODEL_COUNTERS.values())]
+        now = frame.set_index(["model", "version"])
+        frame = now.sub(before.reindex(now.index).fillna(0.0)).reset_index()
+    executions = frame["execution_count"].where(frame["execution_count"] > 0)
+    requests = frame["request_success"].where(frame["request_success"] > 0)
+    frame["avg_batch_size"] = frame["inference_count"] / executions
+    for part in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        frame[f"avg_{part}_ms"] = frame[f"{part}_us"] / requests / 1000.0
+    for name, column in _SYSTEM_GAUGES.items():
+        values = samples.loc[samples["name"] == name, "value"]
+        if not values.empty:  # per GPU: mean utilisation, summed memory
+            frame[column] = values.mean() if "utilization" in name else values.sum()
+    return frame.sort_values(["model", "version"], ignore_index=True)
