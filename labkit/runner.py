@@ -1,0 +1,439 @@
+"""The lab runner: execute notebooks headless with papermill, one run folder per invocation.
+
+``labkit run [NOTEBOOK...] [--out DIR] [-p NAME VALUE]... [--params FILE.yaml]`` runs the named
+notebooks (all of ``notebooks/`` in order when none is named) into ``runs/<timestamp>/``:
+
+- ``<stem>.ipynb`` the executed notebook (saved even when a cell fails, with the error in it),
+- ``<stem>.html`` its nbconvert HTML (plots included), and ``index.html`` linking them,
+- ``<stem>/`` the notebook's own working folder (passed as the ``run_dir`` parameter when the
+  notebook declares it; the notebook gets it back from :func:`run_folder`),
+- ``summary.json`` the summary table that is also printed at the end.
+
+Every input is checked before any notebook starts: unknown notebooks, parameters that no selected
+notebook declares, a run folder that cannot be written, a kernel that is not this Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, MissingFileError
+from .runner_report import NotebookResult, RunReport, to_html, write_index
+from .settings import setting
+
+log = logging.getLogger(__name__)
+
+#: The parameter through which the runner hands a notebook its own working folder.
+RUN_DIR_PARAMETER = "run_dir"
+#: Files at least this large are hard-linked, not copied, into a run's model repository.
+LINK_THRESHOLD_BYTES = 8 * 1024 * 1024
+
+
+# -- where things are ---------------------------------------------------------------------------
+def project_root() -> Path:
+    """The checkout that holds ``notebooks/`` (labkit's parent folder), else the current folder."""
+    candidate = Path(__file__).resolve().parent.parent
+    return candidate if (candidate / "notebooks").is_dir() else Path.cwd()
+
+
+def runs_root(explicit: str | os.PathLike | None = None) -> Path:
+    """Where run folders go: argument > ``LABKIT_RUNS`` > ``<project>/runs``."""
+    return Path(setting(explicit, "LABKIT_RUNS", project_root() / "runs")).expanduser()
+
+
+def _unique_dir(parent: Path, name: str) -> Path:
+    """Create ``parent/name`` (or ``name-2``, ``name-3``... when taken) and return it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        path = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise ConfigError(f"could not create a fresh folder named {name!r} in {str(parent)!r}")
+
+
+def _timestamp() -> str:
+    return datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_folder(out: str | os.PathLike | None = None, notebook: str | None = None) -> Path:
+    """The notebook's own run folder.
+
+    When papermill passes one (the ``run_dir`` parameter) it is used as is; otherwise (a notebook
+    opened in Jupyter) a fresh ``runs/<timestamp>-<notebook>`` is created, so two runs never share
+    files. ``notebook`` defaults to the name Jupyter gives the kernel (``JPY_SESSION_NAME``).
+    """
+    if out is not None:
+        path = Path(out).expanduser()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create run folder {str(path)!r}: {exc}") from exc
+        return path.resolve()
+    name = notebook or Path(os.environ.get("JPY_SESSION_NAME") or "notebook").stem
+    return _unique_dir(runs_root(), f"{_timestamp()}-{name}").resolve()
+
+
+def copy_model_repository(
+    run_dir: str | os.PathLike, source: str | os.PathLike | None = None
+) -> Path:
+    """Copy a model repository into ``run_dir/model_repository`` and return the copy.
+
+    Notebooks edit and serve the copy, never the checkout. Symbolic links (prepared weights) are
+    kept as links; files over :data:`LINK_THRESHOLD_BYTES` are hard-linked when the file system
+    allows it (weights are never written in place), everything else is copied.
+    """
+    src = Path(source) if source else project_root() / "model_repository"
+    if not src.is_dir():
+        raise MissingFileError(
+            f"model repository {str(src)!r} does not exist; pass source= a folder of models"
+        )
+    target = Path(run_dir) / "model_repository"
+
+    def copy(s: str, d: str) -> str:
+        if os.path.getsize(s) >= LINK_THRESHOLD_BYTES:
+            with contextlib.suppress(OSError):
+                os.link(s, d)
+                return d
+        return shutil.copy2(s, d)
+
+    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
+    shutil.copytree(
+        src, target, symlinks=True, ignore=ignore, copy_function=copy, dirs_exist_ok=True
+    )
+    return target
+
+
+# -- inputs -------------------------------------------------------------------------------------
+def find_notebooks(
+    names: Sequence[str] = (), directory: str | os.PathLike | None = None
+) -> list[Path]:
+    """Resolve notebook names (a path, a name in ``notebooks/`` with or without ``.ipynb``, or a
+    unique prefix such as ``01``); with no names, every notebook in ``notebooks/`` in order."""
+    folder = Path(directory) if directory else project_root() / "notebooks"
+    available = sorted(folder.glob("*.ipynb")) if folder.is_dir() else []
+    if not names:
+        if not available:
+            raise MissingFileError(f"no notebooks found in {str(folder)!r}; name one to run")
+        return available
+    found = []
+    for name in names:
+        path = Path(name).expanduser()
+        candidates = [path, folder / name, folder / f"{name}.ipynb"]
+        hit = next((c for c in candidates if c.is_file() and c.suffix == ".ipynb"), None)
+        if hit is None:
+            prefixed = [p for p in available if p.name.startswith(name)]
+            hit = prefixed[0] if len(prefixed) == 1 else None
+        if hit is None:
+            listing = ", ".join(p.name for p in available) or "(none)"
+            raise MissingFileError(
+                f"notebook {name!r} does not exist; give a path or one of the notebooks in "
+                f"{str(folder)!r}: {listing}"
+            )
+        found.append(hit.resolve())
+    return found
+
+
+def parse_value(text: str) -> Any:
+    """A ``-p`` value, typed the way papermill types it: ``True``/``False``/``None``, ints and
+    floats; also YAML's ``true``/``false``/``null``, flow lists/maps (``[1, 2]``) and quoted
+    strings (``'8000'`` stays a string). Anything else is the string itself."""
+    import yaml  # noqa: PLC0415
+    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415
+
+    special = {
+        "True": True,
+        "False": False,
+        "None": None,
+        "true": True,
+        "false": False,
+        "null": None,
+    }
+    if text in special:
+        return special[text]
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    if text[:1] in ("[", "{", "'", '"'):
+        try:
+            return yaml.load(text, Loader=NoDatesSafeLoader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"cannot parse parameter value {text!r} as YAML: {exc}") from exc
+    return text
+
+
+def parse_parameters(
+    pairs: Sequence[Sequence[str]] = (), params_file: str | os.PathLike | None = None
+) -> dict[str, Any]:
+    """Merge ``--params FILE.yaml`` (a mapping) and then ``-p NAME VALUE`` pairs (which win)."""
+    import yaml  # noqa: PLC0415
+    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415
+
+    params: dict[str, Any] = {}
+    if params_file:
+        path = Path(params_file)
+        if not path.is_file():
+            raise MissingFileError(f"parameters file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.load(path.read_text(), Loader=NoDatesSafeLoader) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"parameters file {str(path)!r} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"parameters file {str(path)!r} must hold a mapping of NAME: VALUE, "
+                f"got a {type(loaded).__name__}"
+            )
+        params.update(loaded)
+    for name, value in pairs:
+        params[name] = parse_value(value)
+    return params
+
+
+def declared_parameters(notebook: str | os.PathLike) -> dict[str, Any]:
+    """The parameters a notebook declares in its ``parameters`` cell, with their defaults."""
+    import papermill  # noqa: PLC0415
+
+    return {name: p["default"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
+
+
+def plan_parameters(
+    notebooks: Sequence[Path], parameters: Mapping[str, Any]
+) -> dict[Path, dict[str, Any]]:
+    """Each notebook's parameters: those it declares. A parameter no notebook declares is an error
+    naming what they do declare (papermill would only warn and run with the default)."""
+    if RUN_DIR_PARAMETER in parameters:
+        raise ConfigError(
+            f"parameter {RUN_DIR_PARAMETER!r} is set by labkit run itself; use --out DIR instead"
+        )
+    declared = {nb: declared_parameters(nb) for nb in notebooks}
+    unknown = [name for name in parameters if not any(name in d for d in declared.values())]
+    if unknown:
+        listing = "; ".join(
+            f"{nb.name}: {', '.join(sorted(d)) or '(none)'}" for nb, d in declared.items()
+        )
+        raise ConfigError(
+            f"parameter {', '.join(repr(u) for u in unknown)} is not declared by "
+            f"{'the notebook' if len(notebooks) == 1 else 'any of the notebooks'}; "
+            f"declared parameters are {listing}"
+        )
+    return {nb: {k: v for k, v in parameters.items() if k in d} for nb, d in declared.items()}
+
+
+def prepare_run_dir(out: str | os.PathLike | None = None) -> Path:
+    """Create the invocation's run folder (``--out`` or ``runs/<timestamp>``) and prove it writable."""
+    try:
+        path = Path(out).expanduser() if out else _unique_dir(runs_root(), _timestamp())
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".labkit-write-check"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"run folder {str(out or runs_root())!r} cannot be written ({exc.strerror or exc}); "
+            "pass --out a folder you can write, or set LABKIT_RUNS"
+        ) from exc
+    return path.resolve()
+
+
+def check_kernel(kernel_name: str) -> str:
+    """Return the Python the kernel runs; raise unless it is this environment's Python."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: PLC0415
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except NoSuchKernel as exc:
+        raise ConfigError(
+            f"Jupyter kernel {kernel_name!r} is not installed; use --kernel python3 or register "
+            f"one with `{sys.executable} -m ipykernel install --sys-prefix --name {kernel_name}`"
+        ) from exc
+    program = spec.argv[0]
+    # jupyter_client starts a kernel whose program is a bare python/python3 with sys.executable.
+    if program in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
+        return sys.executable
+    if Path(program).parent.resolve() != Path(sys.executable).parent.resolve():
+        raise ConfigError(
+            f"Jupyter kernel {kernel_name!r} runs {program}, not this environment's Python "
+            f"({sys.executable}), so the notebooks would miss its packages; run "
+            f"`{sys.executable} -m ipykernel install --sys-prefix --name labkit` and pass "
+            "--kernel labkit"
+        )
+    return program
+
+
+#: Set in the kernel's environment for a headless run (an existing value wins). Plotly's own
+#: mimetype alone cannot go into nbconvert HTML; its "notebook" renderer adds an HTML rendering
+#: with plotly.js embedded, so the run's HTML shows the plots offline.
+KERNEL_ENV = {"PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+
+
+@contextlib.contextmanager
+def _kernel_environment() -> Iterator[None]:
+    """The kernel inherits this process's environment: let it import this labkit even from a
+    plain checkout (not installed), and render plots for HTML."""
+    root = str(Path(__file__).resolve().parent.parent)
+    before = dict(os.environ)
+    pythonpath = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *([pythonpath] if pythonpath else [])])
+    for name, value in KERNEL_ENV.items():
+        os.environ.setdefault(name, value)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+# -- running ------------------------------------------------------------------------------------
+def run_notebooks(
+    notebooks: Sequence[str | os.PathLike] = (),
+    out: str | os.PathLike | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    kernel_name: str | None = None,
+    cell_timeout_s: float | None = None,
+    stop_on_failure: bool = False,
+    progress_bar: bool = True,
+) -> RunReport:
+    """Check every input, then execute each notebook into one run folder and write its index."""
+    paths = find_notebooks([str(n) for n in notebooks])
+    plan = plan_parameters(paths, dict(parameters or {}))
+    kernel = setting(kernel_name, "LABKIT_KERNEL", "python3")
+    python = check_kernel(kernel)
+    run_dir = prepare_run_dir(out)
+    log.info("run folder %s; kernel %r runs %s", run_dir, kernel, python)
+    report = RunReport(run_dir)
+    stems: set[str] = set()
+    for path in paths:
+        stem = path.stem if path.stem not in stems else f"{path.stem}-{len(stems) + 1}"
+        stems.add(stem)
+        params = dict(plan[path])
+        if RUN_DIR_PARAMETER in declared_parameters(path):
+            params[RUN_DIR_PARAMETER] = str(run_dir / stem)
+        result = _execute(
+            path, run_dir / f"{stem}.ipynb", params, kernel, cell_timeout_s, progress_bar
+        )
+        report.results.append(result)
+        if result.status != "ok" and stop_on_failure:
+            break
+    report.index = write_index(report)
+    (run_dir / "summary.json").write_text(
+        json.dumps([asdict(r) for r in report.results], indent=2) + "\n"
+    )
+    return report
+
+
+def _execute(
+    path: Path,
+    output: Path,
+    params: dict,
+    kernel: str,
+    cell_timeout_s: float | None,
+    progress_bar: bool,
+) -> NotebookResult:
+    import papermill  # noqa: PLC0415
+    from papermill.exceptions import PapermillExecutionError  # noqa: PLC0415
+
+    result = NotebookResult(str(path), str(output), "ok", 0.0)
+    log.info("running %s with %s", path.name, params or "its defaults")
+    start = time.monotonic()
+    try:
+        with _kernel_environment():
+            papermill.execute_notebook(
+                str(path),
+                str(output),
+                parameters=params,
+                kernel_name=kernel,
+                cwd=str(path.parent),
+                progress_bar=progress_bar,
+                execution_timeout=cell_timeout_s,
+            )
+    except PapermillExecutionError as exc:
+        result.status, result.cell = "failed", exc.cell_index
+        result.source = next(iter(exc.source.strip().splitlines()), "")
+        result.error = f"{exc.ename}: {exc.evalue}"
+    except Exception as exc:  # noqa: BLE001 (a dead kernel or a timeout fails this notebook only)
+        result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+    result.duration_s = round(time.monotonic() - start, 2)
+    if result.cell is not None and output.is_file():
+        result.cell = _error_cell(output, result.cell)
+    if result.status != "ok":
+        log.error(
+            "%s failed at cell %s: %s (saved to %s)", path.name, result.cell, result.error, output
+        )
+    if output.is_file():
+        result.html = to_html(output)
+    return result
+
+
+def _error_cell(notebook: Path, fallback: int) -> int:
+    """The index of the failing cell in the saved notebook (papermill adds a banner cell above)."""
+    import nbformat  # noqa: PLC0415
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    for i, cell in enumerate(cells):
+        if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            return i
+    return fallback
+
+
+# -- command line -------------------------------------------------------------------------------
+def register_cli(sub) -> None:
+    p = sub.add_parser("run", help="run lab notebooks headless (papermill) into a run folder")
+    p.add_argument(
+        "notebooks",
+        nargs="*",
+        metavar="NOTEBOOK",
+        help="notebook path, name or prefix (default: every notebook in notebooks/)",
+    )
+    p.add_argument("--out", help="run folder (default: runs/<timestamp>)")
+    p.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("NAME", "VALUE"),
+        help="set a notebook parameter (YAML-typed value)",
+    )
+    p.add_argument("--params", metavar="FILE.yaml", help="a YAML mapping of parameters")
+    p.add_argument("--kernel", help="Jupyter kernel name (default: python3, this Python)")
+    p.add_argument(
+        "--cell-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="fail a notebook whose cell runs longer than this",
+    )
+    p.add_argument(
+        "--stop-on-failure",
+        action="store_true",
+        help="do not run the notebooks after a failing one",
+    )
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args) -> int:
+    params = parse_parameters(args.parameter, args.params)
+    report = run_notebooks(
+        args.notebooks,
+        args.out,
+        params,
+        kernel_name=args.kernel,
+        cell_timeout_s=args.cell_timeout,
+        stop_on_failure=args.stop_on_failure,
+    )
+    print(report.table())
+    print(f"\nrun folder: {report.run_dir}\nindex: {report.index}")
+    return 0 if report.ok else 1

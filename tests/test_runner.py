@@ -1,0 +1,274 @@
+"""The lab runner executes real notebooks with papermill; each test bounds its cells' time."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from labkit import runner
+from labkit.cli import main
+from labkit.errors import ConfigError, MissingFileError
+
+CELL_TIMEOUT_S = 60
+
+
+def write_notebook(path: Path, parameters: str, *cells: str) -> Path:
+    nb = new_notebook(
+        cells=[
+            new_markdown_cell("# a throwaway notebook"),
+            new_code_cell(parameters, metadata={"tags": ["parameters"]}),
+            *[new_code_cell(c) for c in cells],
+        ]
+    )
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture
+def notebooks(tmp_path: Path) -> Path:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(
+        folder / "01_good.ipynb",
+        "count = 1\nlabel = 'default'\nrun_dir = None",
+        "import json, sys\nfrom labkit.runner import run_folder\nrun = run_folder(run_dir)",
+        "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run)}\n"
+        "(run / 'facts.json').write_text(json.dumps(facts))",
+        "import plotly.graph_objects as go\n"
+        "go.Figure(go.Bar(x=['a', 'b'], y=[count, 7], name='bars-from-the-notebook'))",
+    )
+    write_notebook(
+        folder / "02_bad.ipynb",
+        "divisor = 0",
+        "print('before the failure')",
+        "ratio = 1 / divisor",
+        "print('never reached')",
+    )
+    return folder
+
+
+def run(nbs, out, params=None, **kwargs):
+    kwargs.setdefault("cell_timeout_s", CELL_TIMEOUT_S)
+    return runner.run_notebooks(nbs, out, params, progress_bar=False, **kwargs)
+
+
+def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folder(
+    notebooks, tmp_path
+):
+    params = runner.parse_parameters([("count", "3"), ("label", "'42'")])
+    report = run([notebooks / "01_good.ipynb"], tmp_path / "out", params)
+
+    assert report.ok, report.table()
+    facts = json.loads((tmp_path / "out" / "01_good" / "facts.json").read_text())
+    assert facts == {
+        "python": sys.executable,
+        "count": 3,
+        "label": "42",
+        "run": str(tmp_path / "out" / "01_good"),
+    }
+    executed = nbformat.read(tmp_path / "out" / "01_good.ipynb", as_version=4)
+    assert "injected-parameters" in executed.cells[2].metadata.tags
+    page = (tmp_path / "out" / "01_good.html").read_text()
+    assert "bars-from-the-notebook" in page and "Plotly.newPlot" in page
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert 'href="01_good.html"' in index and ">ok<" in index
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [(s["status"], Path(s["notebook"]).name) for s in summary] == [("ok", "01_good.ipynb")]
+
+
+def test_a_failing_notebook_is_saved_with_its_cell_and_error_and_the_next_one_still_runs(
+    notebooks, tmp_path
+):
+    report = run([notebooks / "02_bad.ipynb", notebooks / "01_good.ipynb"], tmp_path / "out")
+
+    bad, good = report.results
+    assert not report.ok
+    assert (bad.status, good.status) == ("failed", "ok")
+    assert bad.error == "ZeroDivisionError: division by zero"
+    assert bad.source == "ratio = 1 / divisor"
+    saved = nbformat.read(bad.output, as_version=4)
+    failing = saved.cells[bad.cell]
+    assert failing.source == "ratio = 1 / divisor"
+    assert any(o.get("ename") == "ZeroDivisionError" for o in failing.outputs)
+    assert saved.cells[bad.cell + 1].get("outputs") == []
+    assert "cell" in report.table() and "ZeroDivisionError" in report.table()
+    assert "ZeroDivisionError" in (tmp_path / "out" / "index.html").read_text()
+    assert Path(bad.html).is_file()
+
+
+def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
+    nb = write_notebook(tmp_path / "slow.ipynb", "seconds = 60", "import time\ntime.sleep(seconds)")
+    report = run([nb], tmp_path / "out", cell_timeout_s=3)
+    (result,) = report.results
+    assert result.status == "failed"
+    assert "timed out" in result.error.lower() or "timeout" in result.error.lower()
+    assert result.duration_s < 30
+
+
+def test_cli_runs_every_notebook_in_order_prints_the_summary_and_exits_nonzero_on_failure(
+    notebooks, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    code = main(["run", "--out", str(tmp_path / "all"), "--cell-timeout", str(CELL_TIMEOUT_S)])
+    printed = capsys.readouterr().out
+    assert code == 1
+    lines = printed.splitlines()
+    assert lines[0].split() == ["notebook", "status", "duration"]
+    assert lines[2].split()[:2] == ["01_good.ipynb", "ok"]
+    assert lines[3].split()[:2] == ["02_bad.ipynb", "failed"]
+    assert "ZeroDivisionError" in printed and str(tmp_path / "all") in printed
+
+
+def test_a_notebook_named_by_prefix_runs_and_the_cli_exits_zero(notebooks, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text("count: 5\nlabel: from-yaml\n")
+    code = main(
+        [
+            "run",
+            "01",
+            "--out",
+            str(tmp_path / "o"),
+            "--params",
+            str(params),
+            "-p",
+            "count",
+            "6",
+            "--cell-timeout",
+            str(CELL_TIMEOUT_S),
+        ]
+    )
+    assert code == 0
+    facts = json.loads((tmp_path / "o" / "01_good" / "facts.json").read_text())
+    assert (facts["count"], facts["label"]) == (6, "from-yaml")
+
+
+# -- bad input is refused before anything starts ------------------------------------------------
+def test_a_notebook_that_does_not_exist_is_refused_naming_the_available_ones(notebooks, tmp_path):
+    with pytest.raises(MissingFileError, match=r"'03_missing'.*01_good\.ipynb, 02_bad\.ipynb"):
+        runner.find_notebooks(["03_missing"], notebooks)
+    assert main(["run", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_undeclared_parameter_is_an_error_naming_the_declared_ones(notebooks, tmp_path):
+    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*count, label, run_dir"):
+        run([notebooks / "01_good.ipynb"], tmp_path / "out", {"cuont": 3})
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="use --out"):
+        run([notebooks / "01_good.ipynb"], tmp_path / "out", {"run_dir": "/tmp"})
+
+
+def test_a_parameter_goes_only_to_the_notebooks_that_declare_it(notebooks):
+    plan = runner.plan_parameters(
+        [notebooks / "01_good.ipynb", notebooks / "02_bad.ipynb"], {"count": 2, "divisor": 4}
+    )
+    assert plan == {
+        notebooks / "01_good.ipynb": {"count": 2},
+        notebooks / "02_bad.ipynb": {"divisor": 4},
+    }
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused(notebooks, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"a-file/runs.*cannot be written.*--out"):
+        run([notebooks / "01_good.ipynb"], blocker / "runs")
+
+
+def test_a_kernel_that_runs_another_python_is_refused(tmp_path, monkeypatch):
+    spec = tmp_path / "jupyter" / "kernels" / "otherpy"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": ["/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "other",
+                "language": "python",
+            }
+        )
+    )
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    with pytest.raises(ConfigError, match=r"'otherpy' runs /usr/bin/python3.*ipykernel install"):
+        runner.check_kernel("otherpy")
+    with pytest.raises(ConfigError, match="'no-such-kernel' is not installed"):
+        runner.check_kernel("no-such-kernel")
+    assert runner.check_kernel("python3") == sys.executable
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("3", 3),
+        ("-2", -2),
+        ("0.5", 0.5),
+        ("1e3", 1000.0),
+        ("True", True),
+        ("false", False),
+        ("None", None),
+        ("null", None),
+        ("smollm2", "smollm2"),
+        ("'8000'", "8000"),
+        ("[1, 2]", [1, 2]),
+        ("{a: 1}", {"a": 1}),
+        ("yes", "yes"),
+        ("2024-01-01", "2024-01-01"),
+    ],
+)
+def test_parameter_values_are_typed_like_papermill(text, value):
+    parsed = runner.parse_value(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+def test_a_params_file_must_hold_a_mapping(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        runner.parse_parameters(params_file=bad)
+    with pytest.raises(MissingFileError, match="does not exist"):
+        runner.parse_parameters(params_file=tmp_path / "missing.yaml")
+
+
+# -- run folders for notebooks ------------------------------------------------------------------
+def test_run_folder_uses_the_folder_papermill_passes(tmp_path):
+    assert runner.run_folder(tmp_path / "given" / "nb") == (tmp_path / "given" / "nb").resolve()
+    assert (tmp_path / "given" / "nb").is_dir()
+
+
+def test_two_interactive_runs_never_share_a_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/notebooks/01_serve.ipynb")
+    first, second = runner.run_folder(), runner.run_folder()
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.parent == (tmp_path / "runs").resolve()
+    assert first.name.endswith("-01_serve") and second.name.startswith(first.name)
+
+
+def test_the_model_repository_copy_is_independent_of_the_source(tmp_path, monkeypatch):
+    source = tmp_path / "repo"
+    (source / "m" / "1").mkdir(parents=True)
+    (source / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    (source / "m" / "1" / "big.bin").write_bytes(b"\0" * 4096)
+    (tmp_path / "weights").mkdir()
+    os.symlink(tmp_path / "weights", source / "m" / "weights")
+    monkeypatch.setattr(runner, "LINK_THRESHOLD_BYTES", 1024)
+
+    copy = runner.copy_model_repository(tmp_path / "run", source)
+
+    (copy / "m" / "config.pbtxt").write_text("max_batch_size: 8\n")
+    assert (source / "m" / "config.pbtxt").read_text() == 'backend: "python"\n'
+    assert (copy / "m" / "weights").is_symlink()
+    assert os.path.samefile(copy / "m" / "1" / "big.bin", source / "m" / "1" / "big.bin")
+    with pytest.raises(MissingFileError, match="does not exist"):
+        runner.copy_model_repository(tmp_path / "run2", tmp_path / "nothing")
