@@ -21,9 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tritonclient.grpc import model_config_pb2
-
-from .errors import ConfigError, MissingFileError, ServerError
+from .errors import ConfigError, MissingDependencyError, MissingFileError, ServerError
 from .repository_config import (
     CONFIG_FILE,
     KINDS,
@@ -218,7 +216,9 @@ class Repository:
             from .models import add_model  # noqa: PLC0415
 
             self.new_model_dir(name)
-            return Path(add_model(self.path, source, name=name, **parameters))
+            folder = Path(add_model(self.path, source, name=name, **parameters))
+            self.check(name)
+            return folder
         if "/" not in source or source.startswith(("/", ".")):
             raise ConfigError(
                 f"model source {source!r} is not a folder, a catalog name "
@@ -259,16 +259,18 @@ class Repository:
         return Repository(dest)
 
 
-def textgen_config(name: str, *, huggingface_model: str, max_batch_size: int = 8) -> ModelConfig:
-    """A text generation model's configuration for the ``textgen`` template."""
-    cfg = ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
-    cfg.input.add(name="text_input", data_type=model_config_pb2.TYPE_STRING, dims=[1])
-    cfg.output.add(name="text_output", data_type=model_config_pb2.TYPE_STRING, dims=[1])
-    cfg.instance_group.add(count=1, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
-    if max_batch_size > 0:
-        cfg.dynamic_batching.max_queue_delay_microseconds = 5000
-    cfg.parameters["huggingface_model"].string_value = huggingface_model
-    return cfg
+def textgen_config(name: str, *, huggingface_model: str) -> ModelConfig:
+    """A text generation model's configuration, from ``labkit.models`` (the textgen template's)."""
+    try:
+        from .models import CatalogEntry  # noqa: PLC0415
+        from .models import textgen_config as build  # noqa: PLC0415
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "adding a text generation model needs labkit.models, which is missing from this "
+            "checkout; reinstall labkit"
+        ) from exc
+    entry = CatalogEntry(name, huggingface_model, f"added from {huggingface_model}", 0.0)
+    return build(entry, name)
 
 
 def _guess_template(folder: Path) -> str:
@@ -354,16 +356,37 @@ def reload(
     path = repository.config_path(name)
     before = path.read_bytes() if path.is_file() else None
     change = repository.write_config(name, config) if config is not None else ""
+    log_start = _log_size(server)
     try:
         repository.check(name)
         server.load_model(name)
-    except (ServerError, ConfigError, MissingFileError):
+    except (ServerError, ConfigError, MissingFileError) as exc:
         if config is not None and before is not None:
             path.write_bytes(before)
             log.warning("Triton refused the new configuration of %s; restored the old one", name)
+        detail = _logged_reason(server, name, log_start) if isinstance(exc, ServerError) else ""
+        if detail and detail not in str(exc):
+            raise ServerError(f"{exc}\nserver log: {detail}") from exc
         raise
     log.info("loaded %s", name)
     return change
+
+
+def _log_size(server: TritonServer) -> int:
+    path = getattr(server, "log_path", None)
+    return Path(path).stat().st_size if path and Path(path).is_file() else 0
+
+
+def _logged_reason(server: TritonServer, name: str, start: int) -> str:
+    """The last error the server logged about ``name`` since ``start`` (the load API is terse)."""
+    path = getattr(server, "log_path", None)
+    if not path or not Path(path).is_file():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(start, f.seek(0, 2) - 64_000))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    errors = [line for line in lines if line.startswith("E") and f"'{name}'" in line]
+    return errors[-1].split("] ", 1)[-1].strip().strip('"') if errors else ""
 
 
 def register_cli(sub) -> None:

@@ -1,0 +1,141 @@
+"""``labkit models list|show|edit|add|remove``: the model repository from the command line."""
+
+from __future__ import annotations
+
+import argparse
+
+from .errors import ConfigError
+from .repository import KINDS, Repository, config_to_text, reload
+
+
+def register(sub) -> None:
+    models = sub.add_parser(
+        "models", help="list, add, remove, show or edit the repository's models"
+    )
+    verbs = models.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    def verb(name: str, help: str, handler) -> argparse.ArgumentParser:
+        p = verbs.add_parser(name, help=help)
+        p.add_argument("--repository", default="model_repository", help="the model repository")
+        p.set_defaults(handler=handler)
+        return p
+
+    p = verb("list", "the models, their versions and batching settings", list_models)
+    p.add_argument("--url", help="a running server (host:port) whose model states to show")
+    p = verb("show", "print a model's config.pbtxt", show_model)
+    p.add_argument("name")
+    p = verb("edit", "change a model's config.pbtxt (validated; prints the diff)", edit_model)
+    p.add_argument("name")
+    p.add_argument("--max-batch-size", type=int)
+    batching = p.add_mutually_exclusive_group()
+    batching.add_argument(
+        "--dynamic-batching", dest="dynamic_batching", action="store_true", default=None
+    )
+    batching.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_false")
+    p.add_argument("--preferred-batch-size", type=int, nargs="+", metavar="N")
+    p.add_argument("--max-queue-delay-us", type=int, dest="max_queue_delay_microseconds")
+    p.add_argument("--instance-count", type=int)
+    p.add_argument("--instance-kind", choices=KINDS)
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a parameter (repeatable)",
+    )
+    p.add_argument("--unset-param", action="append", default=[], metavar="KEY")
+    p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    p.add_argument("--reload", metavar="HOST:PORT", help="then reload it on this running server")
+    p = verb("add", "add a model from the catalog, a local folder or a Hub id", add_model)
+    p.add_argument("name")
+    p.add_argument("source", help="catalog name, model folder, or Hub id (org/name)")
+    p.add_argument("--template", choices=["textgen", "embedding"])
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    p = verb("remove", "delete a model folder", remove_model)
+    p.add_argument("name")
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"--param {pair!r} is not KEY=VALUE; write e.g. --param max_tokens=32"
+            )
+        out[key] = value
+    return out
+
+
+def list_models(args) -> int:
+    repo = Repository(args.repository)
+    states = {}
+    if args.url:
+        from .repository import index  # noqa: PLC0415
+        from .server import TritonServer  # noqa: PLC0415
+
+        server = TritonServer(repo.path, mode="remote", url=args.url)
+        states = {
+            row.name: f"{row.state} {row.reason}".strip() for row in index(server).itertuples()
+        }
+    print(f"{'model':<20} {'versions':<9} {'batch':>5}  {'dynamic':<8} {'instances':<12} state")
+    for name in repo.models():
+        try:
+            cfg = repo.config(name)
+            versions = ",".join(map(str, repo.versions(name)))
+        except Exception as exc:  # noqa: BLE001 (a broken model is listed, not fatal)
+            print(f"{name:<20} error: {exc}")
+            continue
+        groups = " ".join(
+            f"{g.count or 1}x{g.Kind.Name(g.kind).removeprefix('KIND_')}"
+            for g in cfg.instance_group
+        )
+        dynamic = "yes" if cfg.HasField("dynamic_batching") else "no"
+        print(
+            f"{name:<20} {versions:<9} {cfg.max_batch_size:>5}  {dynamic:<8} {groups or '-':<12} "
+            f"{states.get(name, '')}"
+        )
+    return 0
+
+
+def show_model(args) -> int:
+    print(config_to_text(Repository(args.repository).config(args.name)), end="")
+    return 0
+
+
+def edit_model(args) -> int:
+    repo = Repository(args.repository)
+    params: dict[str, str | None] = dict(_params(args.param))
+    params.update({key: None for key in args.unset_param})
+    change = repo.edit(
+        args.name,
+        dry_run=args.dry_run,
+        max_batch_size=args.max_batch_size,
+        dynamic_batching=args.dynamic_batching,
+        preferred_batch_size=args.preferred_batch_size,
+        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
+        instance_count=args.instance_count,
+        instance_kind=args.instance_kind,
+        parameters=params or None,
+    )
+    print(change or f"{args.name}: no change", end="" if change else "\n")
+    if args.reload and not args.dry_run:
+        from .server import TritonServer  # noqa: PLC0415
+
+        reload(TritonServer(repo.path, mode="remote", url=args.reload), args.name, repository=repo)
+        print(f"reloaded {args.name} on {args.reload}")
+    return 0
+
+
+def add_model(args) -> int:
+    folder = Repository(args.repository).add(
+        args.name, args.source, template=args.template, **_params(args.param)
+    )
+    print(f"added {args.name} at {folder}")
+    return 0
+
+
+def remove_model(args) -> int:
+    Repository(args.repository).remove(args.name)
+    print(f"removed {args.name}")
+    return 0
