@@ -309,6 +309,11 @@ def generate_model(opts: GenOptions) -> GeneratedModel:
         opts.inputs, opts.outputs = read_saved_model_signature(
             opts.compiled_model, opts.tag_set, opts.signature_def_key
         )
+        if opts.max_batch_size > 0:  # the signature's first dimension is the batch
+            opts.inputs, opts.outputs = (
+                [TensorSpec(t.name, t.data_type, t.dims[1:]) for t in specs]
+                for specs in (opts.inputs, opts.outputs)
+            )
     compiled = Path(opts.compiled_model)
     version_dir = model_dir / str(opts.model_version)
     if opts.copy_compiled_model:
@@ -360,18 +365,22 @@ def read_saved_model_signature(
             f"{', '.join(meta.signature_def)}"
         )
     sig = meta.signature_def[signature_def_key]
-    return signature_specs(sig.inputs.values()), signature_specs(sig.outputs.values())
+    return signature_specs(sig.inputs.items()), signature_specs(sig.outputs.items())
 
 
-def signature_specs(tensor_infos) -> list[TensorSpec]:
-    """``TensorInfo`` messages (name, dtype enum or name, tensor_shape) -> ``TensorSpec`` list."""
+def signature_specs(items) -> list[TensorSpec]:
+    """``(key, TensorInfo)`` pairs of a signature -> ``TensorSpec`` list named by the keys.
+
+    ``TensorInfo.dtype`` may be the DataType enum or its name (``float32``); an unknown
+    dimension (-1) stays -1.
+    """
     specs = []
-    for info in tensor_infos:
+    for key, info in items:
         dtype = info.dtype if isinstance(info.dtype, str) else _tf_dtype_name(info.dtype)
         if dtype not in TF_TO_TRITON:
-            raise ConfigError(f"TensorFlow dtype {dtype!r} of {info.name!r} has no Triton type")
+            raise ConfigError(f"TensorFlow dtype {dtype!r} of {key!r} has no Triton type")
         dims = tuple(int(d.size) for d in info.tensor_shape.dim)
-        specs.append(TensorSpec(info.name, TF_TO_TRITON[dtype], dims))
+        specs.append(TensorSpec(key, TF_TO_TRITON[dtype], dims))
     return specs
 
 
