@@ -1,0 +1,199 @@
+"""Talk to a text-generation model: ``infer`` (HTTP or gRPC), ``generate`` (HTTP), and curl.
+
+Every function takes the server's address as ``host:port`` (``server.http_url``) or a full URL,
+and raises :class:`labkit.errors.InferenceError` carrying the server's own reason when it refuses
+a request (``error.status``: the HTTP status or gRPC code).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ConfigError, InferenceError
+
+INPUT_NAME = "text_input"
+OUTPUT_NAME = "text_output"
+PROTOCOLS = ("http", "grpc")
+
+
+def _address(url: str) -> str:
+    """``host:port`` from ``host:port`` or ``http://host:port/``."""
+    return url.split("://", 1)[-1].rstrip("/")
+
+
+def _refused(model: str, status, message: str) -> InferenceError:
+    error = InferenceError(f"model {model!r} refused the request ({status}): {message}")
+    error.status = status
+    error.server_message = message
+    return error
+
+
+def _unreachable(url: str, exc: BaseException) -> InferenceError:
+    error = InferenceError(
+        f"cannot reach Triton at {url!r}: {exc}; is the server running? "
+        "(start it with labkit.TritonServer or `labkit serve`)"
+    )
+    error.status = None
+    error.server_message = str(exc)
+    return error
+
+
+def _prompt_array(prompts: str | bytes | Sequence[str | bytes], batched: bool) -> np.ndarray:
+    items = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
+    if not items:
+        raise ConfigError("prompts is empty; pass a string or a list of strings")
+    data = [p if isinstance(p, bytes) else str(p).encode("utf-8") for p in items]
+    array = np.array(data, dtype=np.object_)
+    return array.reshape(-1, 1) if batched else array
+
+
+def _decode(array: np.ndarray) -> list[str]:
+    return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
+
+
+def _client(url: str, protocol: str, timeout_s: float = 600.0):
+    """``(tritonclient module, client)`` for ``protocol``."""
+    if protocol == "http":
+        import tritonclient.http as module  # noqa: PLC0415
+
+        address = _address(url)
+        return module, module.InferenceServerClient(
+            address, connection_timeout=timeout_s, network_timeout=timeout_s
+        )
+    if protocol == "grpc":
+        import tritonclient.grpc as module  # noqa: PLC0415
+
+        return module, module.InferenceServerClient(_address(url))
+    raise ConfigError(f"protocol {protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
+
+
+def _call(url: str, model: str, function, *args, **kwargs):
+    """Run a tritonclient call; its refusals and connection errors become InferenceError."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    try:
+        return function(*args, **kwargs)
+    except InferenceServerException as exc:
+        status = exc.status()
+        if status is None or "unavailable" in str(status).lower():
+            raise _unreachable(url, exc) from None
+        raise _refused(model, status, exc.message()) from None
+    except OSError as exc:
+        raise _unreachable(url, exc) from None
+
+
+def model_batches(url: str, model: str, protocol: str = "http") -> bool:
+    """Whether ``model``'s config has ``max_batch_size`` > 0 (requests then need ``[N, 1]``)."""
+    _, client = _client(url, protocol)
+    try:
+        config = _call(url, model, client.get_model_config, model)
+    finally:
+        client.close()
+    if protocol == "grpc":
+        return config.config.max_batch_size > 0
+    return int(config.get("max_batch_size", 0)) > 0
+
+
+def infer(
+    url: str,
+    model: str,
+    prompts: str | bytes | Sequence[str | bytes],
+    protocol: str = "http",
+    *,
+    batched: bool | None = None,
+    timeout_s: float = 600.0,
+    **params: object,
+) -> list[str]:
+    """Send the prompts as ONE request to ``/v2/models/<model>/infer``; return one text each.
+
+    ``batched`` says whether the model has a batch dimension (asked from the server when None);
+    ``params`` are request parameters such as ``max_tokens=16, temperature=0.7``.
+    """
+    if batched is None:
+        batched = model_batches(url, model, protocol)
+    module, client = _client(url, protocol, timeout_s)
+    array = _prompt_array(prompts, batched)
+    tensor = module.InferInput(INPUT_NAME, list(array.shape), "BYTES")
+    tensor.set_data_from_numpy(array)
+    kwargs: dict = {"outputs": [module.InferRequestedOutput(OUTPUT_NAME)]}
+    if params:
+        kwargs["parameters"] = params
+    if protocol == "grpc":
+        kwargs["client_timeout"] = timeout_s
+    try:
+        result = _call(url, model, client.infer, model, [tensor], **kwargs)
+    finally:
+        client.close()
+    return _decode(result.as_numpy(OUTPUT_NAME))
+
+
+@dataclass
+class Generation:
+    """The answer of ``/generate``: the text, the server's JSON, and the round trip in seconds."""
+
+    text: str
+    raw: dict = field(repr=False)
+    seconds: float
+
+
+def generate(
+    url: str, model: str, prompt: str, *, timeout_s: float = 600.0, **params: object
+) -> Generation:
+    """``POST /v2/models/<model>/generate`` with ``{"text_input": prompt, **params}``."""
+    body = json.dumps({INPUT_NAME: prompt, **params}).encode("utf-8")
+    request = urllib.request.Request(
+        f"http://{_address(url)}/v2/models/{model}/generate",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            raw = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode("utf-8", "replace")
+        try:
+            text = json.loads(text).get("error", text)
+        except ValueError:
+            pass
+        raise _refused(model, exc.code, text) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise _unreachable(url, exc) from None
+    seconds = time.perf_counter() - started
+    text = raw.get(OUTPUT_NAME)
+    if isinstance(text, list):  # a model with several answers per request
+        text = "\n".join(map(str, text))
+    return Generation(text if text is not None else "", raw, seconds)
+
+
+def curl_command(
+    url: str,
+    model: str,
+    prompt: str,
+    *,
+    endpoint: str = "infer",
+    batched: bool = False,
+    **params: object,
+) -> str:
+    """The tutorial's curl line for this request, ready to paste into a terminal."""
+    if endpoint == "generate":
+        body: dict = {INPUT_NAME: prompt, **params}
+    elif endpoint == "infer":
+        shape = [1, 1] if batched else [1]
+        body = {
+            "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": shape, "data": [prompt]}]
+        }
+        if params:
+            body["parameters"] = params
+    else:
+        raise ConfigError(f"endpoint {endpoint!r} is not supported; use 'infer' or 'generate'")
+    target = f"{_address(url)}/v2/models/{model}/{endpoint}"
+    return f"curl -X POST {target} -d {shlex.quote(json.dumps(body))}"

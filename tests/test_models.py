@@ -1,0 +1,186 @@
+"""Offline model builders, the catalog, add_model, and the model code's pure logic (no server)."""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from labkit import models
+from labkit.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "labkit" / "templates" / "textgen" / "model.py"
+
+
+@pytest.fixture(scope="module")
+def template():
+    """The template model.py as a module, with the server's real triton_python_backend_utils."""
+    import pytriton  # noqa: PLC0415
+
+    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
+    sys.path.insert(0, str(backend))
+    try:
+        spec = importlib.util.spec_from_file_location("textgen_template", TEMPLATE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up here
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("textgen_template", None)
+        sys.path.remove(str(backend))
+
+
+def test_template_and_repository_copy_are_identical():
+    served = ROOT / "model_repository" / "smollm2" / "1" / "model.py"
+    assert filecmp.cmp(TEMPLATE, served, shallow=False), f"copy the template to {served}"
+
+
+def test_committed_config_names_no_machine_specific_path():
+    config = models.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
+    params = {k: v.string_value for k, v in config.parameters.items()}
+    assert params["huggingface_model"] == "weights"
+    assert params["labkit_weights"] == "smollm2"
+    text = (ROOT / "model_repository" / "smollm2" / "config.pbtxt").read_text()
+    assert str(Path.home()) not in text and "/root" not in text
+
+
+def test_add_model_writes_a_config_that_protobuf_reads_back(tmp_path):
+    folder = models.add_model(
+        tmp_path,
+        "falcon7b",
+        name="falcon",
+        max_batch_size=8,
+        dynamic_batching=True,
+        max_queue_delay_us=500,
+        kind="KIND_GPU",
+        instance_count=2,
+        max_tokens=32,
+    )
+    config = models.read_config(folder / "config.pbtxt")
+    assert config.name == "falcon" and config.backend == "python"
+    assert config.max_batch_size == 8
+    assert config.dynamic_batching.max_queue_delay_microseconds == 500
+    assert config.instance_group[0].count == 2
+    assert config.parameters["huggingface_model"].string_value == "tiiuae/falcon-7b"
+    assert config.parameters["max_tokens"].string_value == "32"
+    assert [i.name for i in config.input] == ["text_input"]
+    assert [o.name for o in config.output] == ["text_output"]
+    assert filecmp.cmp(TEMPLATE, folder / "1" / "model.py", shallow=False)
+
+
+def test_gated_catalog_model_is_marked_gated_in_its_config(tmp_path):
+    config = models.read_config(models.add_model(tmp_path, "llama7b") / "config.pbtxt")
+    assert config.parameters["gated"].string_value == "true"
+    assert config.parameters["huggingface_model"].string_value == "meta-llama/Llama-2-7b-hf"
+
+
+def test_add_model_refuses_an_existing_folder_and_unknown_names(tmp_path):
+    models.add_model(tmp_path, "opt125m")
+    with pytest.raises(ConfigError, match="already exists.*overwrite=True"):
+        models.add_model(tmp_path, "opt125m")
+    with pytest.raises(ConfigError, match="unknown catalog model 'gpt5'.*falcon7b"):
+        models.add_model(tmp_path, "gpt5")
+    with pytest.raises(ConfigError, match="dynamic batching needs max_batch_size"):
+        models.add_model(tmp_path, "opt125m", name="x", dynamic_batching=True)
+
+
+def test_catalog_holds_the_tutorial_models_and_memory_estimates():
+    names = {e.name for e in models.catalog()}
+    assert {"falcon7b", "persimmon8b", "llama7b", "opt125m", "smollm2", "tiny-falcon"} <= names
+    assert 14e9 < models.estimate_memory("falcon7b") < 20e9  # 7.2 B parameters in float16
+
+
+def test_prepare_repository_links_built_weights_and_is_cheap_when_done(tmp_path):
+    models.add_model(tmp_path, "tiny-falcon", name="tf")
+    models.add_model(tmp_path, "opt125m")  # a hub model: nothing to build
+    (link,) = models.prepare_repository(tmp_path)
+    assert link == tmp_path / "tf" / "weights" and link.is_symlink()
+    assert (link / "config.json").is_file() and (link / models.MARKER).is_file()
+    assert not (tmp_path / "opt125m" / "weights").exists()
+    started = time.monotonic()
+    assert models.prepare_repository(tmp_path) == [link]
+    assert time.monotonic() - started < 1.0
+
+
+def test_two_processes_building_at_once_get_one_complete_checkpoint(tmp_path):
+    env = {**os.environ, "LABKIT_CACHE": str(tmp_path)}
+    code = "from labkit.models import build_weights; print(build_weights('tiny-falcon'))"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    paths = {out.strip().splitlines()[-1] for out, _ in outputs}
+    assert paths == {str(tmp_path / "models" / "tiny-falcon-v1")}
+    leftovers = [p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")]
+    assert leftovers == ["tiny-falcon-v1"]
+
+
+def test_gated_model_without_a_token_names_hf_token(template):
+    with pytest.raises(template.TokenError, match="HF_TOKEN.*PRIVATE_REPO_TOKEN"):
+        template.require_token("meta-llama/Llama-2-7b-hf", True, {})
+    assert template.require_token("facebook/opt-125m", False, {}) is None
+
+
+def test_token_comes_from_hf_token_first_then_the_tutorial_alias(template):
+    assert template.hub_token({"PRIVATE_REPO_TOKEN": "p"}) == ("PRIVATE_REPO_TOKEN", "p")
+    assert template.hub_token({"PRIVATE_REPO_TOKEN": "p", "HF_TOKEN": "h"}) == ("HF_TOKEN", "h")
+    assert template.hub_token({"HF_TOKEN": "  "}) == (None, None)
+    assert template.require_token("meta-llama/Llama-2-7b-hf", True, {"HF_TOKEN": "h"}) == "h"
+
+
+def test_refused_token_message_never_shows_the_token(template):
+    error = OSError("401 Client Error for url https://huggingface.co/x?token=hf_secret123")
+    message = template.explain_load_error("x/y", error, {"HF_TOKEN": "hf_secret123"})
+    assert "hf_secret123" not in message and "HF_TOKEN was refused" in message
+    gated = OSError("You are trying to access a gated repo. 401 Client Error")
+    assert "export HF_TOKEN" in template.explain_load_error("x/y", gated, {})
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"max_tokens": -1}, "'max_tokens' must be >= 1"),
+        ({"max_tokens": 2.5}, "'max_tokens' must be an integer"),
+        ({"max_tokens": True}, "'max_tokens' must be an integer"),
+        ({"temperature": -0.1}, "'temperature' must be >= 0"),
+        ({"temperature": "hot"}, "'temperature' must be a number"),
+        ({"top_p": 1.5}, r"'top_p' must be in \(0, 1\]"),
+        ({"top_k": -3}, "'top_k' must be >= 0"),
+    ],
+)
+def test_bad_generation_parameters_are_named(template, values, match):
+    with pytest.raises(template.RequestError, match=match):
+        template.parse_settings(values, template.Settings())
+
+
+def test_config_defaults_are_parsed_from_strings_and_sampling_follows_temperature(template):
+    defaults = template.parse_settings(
+        {"max_tokens": "32", "temperature": "0.7", "top_p": "0.9"},
+        template.Settings(),
+        from_config=True,
+    )
+    assert (defaults.max_tokens, defaults.temperature, defaults.top_p) == (32, 0.7, 0.9)
+    assert defaults.do_sample and not template.Settings().do_sample
+
+
+def test_weights_path_resolves_relative_to_the_model_folder(template, tmp_path):
+    (tmp_path / "weights").mkdir()
+    assert template.resolve_source("weights", tmp_path) == (str(tmp_path / "weights"), True)
+    assert template.resolve_source("tiiuae/falcon-7b", tmp_path) == ("tiiuae/falcon-7b", False)
+    with pytest.raises(template.RequestError, match="does not exist.*labkit prepare"):
+        template.resolve_source("./missing", tmp_path)
