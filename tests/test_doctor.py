@@ -1,0 +1,221 @@
+"""`labkit doctor` against this machine, and each check's verdict on a situation made real here."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import stat
+import sysconfig
+import threading
+from pathlib import Path
+
+import pytest
+
+from labkit import doctor
+from labkit.cli import main
+from labkit.proc import free_port
+from labkit.server import ServerBinary, TritonServer, locate_tritonserver
+
+
+@pytest.mark.integration
+def test_doctor_starts_triton_serves_the_probe_and_exits_by_its_failures(capsys):
+    code = main(["doctor", "--json"])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+
+    assert code == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
+    assert all(c["status"] in doctor.STATUSES and c["detail"] for c in checks.values())
+    assert all(c["fix"] for c in checks.values() if c["status"] != "ok")
+    assert checks["server"]["status"] == "ok", checks["server"]
+    assert "Triton 2.51.0 served a Python-backend model" in checks["server"]["detail"]
+    for name in ("python", "tritonserver", "python backend", "numpy", "jupyter kernel"):
+        assert checks[name]["status"] == "ok", checks[name]
+
+
+def test_the_table_and_frame_carry_every_check():
+    checks = [doctor.Check("a", "ok", "fine"), doctor.Check("bb", "fail", "broken", "do this")]
+    table = doctor.format_table(checks)
+    assert table.splitlines() == ["OK    a   fine", "FAIL  bb  broken", "          fix: do this"]
+    frame = doctor.to_frame(checks)
+    assert list(frame.columns) == ["check", "status", "detail", "fix"]
+    assert frame.loc[1, "status"] == "fail"
+    assert doctor.exit_code(checks) == 1 and doctor.exit_code(checks[:1]) == 0
+
+
+def test_a_crashing_check_is_reported_as_a_fail(monkeypatch):
+    def check_broken():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_numpy, check_broken])
+    numpy_check, broken = doctor.run_checks(server=False)
+    assert numpy_check.status == "ok"
+    assert (broken.name, broken.status, broken.detail) == ("broken", "fail", "RuntimeError: boom")
+
+
+def test_numpy_2_is_a_fail_naming_the_fix():
+    assert doctor.check_numpy("1.26.4").status == "ok"
+    check = doctor.check_numpy("2.1.0")
+    assert check.status == "fail" and "BYTES" in check.detail and "numpy<2" in check.fix
+
+
+def test_this_python_and_its_stub_are_ok_and_the_stub_is_checked_with_ldd():
+    assert doctor.check_python().status == "ok"
+    check = doctor.check_python_backend()
+    assert check.status == "ok", check
+    assert sysconfig.get_config_var("LIBDIR") in check.detail
+
+
+def test_a_stub_that_would_load_another_libpython_is_a_fail():
+    binary = locate_tritonserver()
+    if binary.source != "nvidia-pytriton":
+        pytest.skip("the libpython trap is specific to the bundled server")
+    vendored = [
+        p
+        for p in binary.env["LD_LIBRARY_PATH"].split(os.pathsep)
+        if p.endswith("nvidia_pytriton.libs")
+    ]
+    without_ours = ServerBinary(
+        binary.path,
+        binary.source,
+        binary.backend_directory,
+        {**binary.env, "LD_LIBRARY_PATH": os.pathsep.join(vendored)},
+    )
+    check = doctor.check_python_backend(without_ours)
+    assert check.status == "fail"
+    assert "_PyModule_Add" in check.detail and "LD_LIBRARY_PATH" in check.fix
+
+
+def test_a_missing_perf_analyzer_is_a_fail_naming_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_PERF_ANALYZER", str(tmp_path / "perf_analyzer"))
+    check = doctor.check_perf_analyzer()
+    assert check.status == "fail" and str(tmp_path / "perf_analyzer") in check.detail
+    assert "libb64-0d" in check.fix
+    monkeypatch.delenv("LABKIT_PERF_ANALYZER")
+    assert doctor.check_perf_analyzer().status == "ok"
+
+
+def test_a_taken_port_is_a_warning_naming_it_and_its_holder():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        check = doctor.check_ports([port])
+    assert check.status == "warn"
+    assert f"{port} by" in check.detail and f"pid {os.getpid()}" in check.detail
+    assert "port=0" in check.fix
+    assert doctor.check_ports([port]).status == "ok"
+
+
+@pytest.mark.integration
+def test_a_triton_bound_to_all_interfaces_is_a_warning(tmp_path):
+    empty = tmp_path / "repository"
+    empty.mkdir()
+    port = free_port()
+    with TritonServer(
+        empty,
+        host="0.0.0.0",
+        http_port=port,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=60,
+        log_path=tmp_path / "log",
+    ) as server:
+        check = doctor.check_public_servers()
+        assert check.status == "warn"
+        assert f"pid {server.pid}" in check.detail and str(port) in check.detail
+    assert f"pid {server.pid}" not in doctor.check_public_servers().detail
+
+
+def test_small_or_missing_shared_memory_is_flagged(tmp_path):
+    assert doctor.check_shm("/dev/shm", min_total_bytes=1, min_free_bytes=1).status == "ok"
+    small = doctor.check_shm("/dev/shm", min_total_bytes=2**60)
+    assert small.status == "warn" and "--shm-size" in small.fix
+    full = doctor.check_shm("/dev/shm", min_free_bytes=2**60)
+    assert full.status == "fail"
+    assert doctor.check_shm(tmp_path / "no-shm").status == "fail"
+
+
+def test_no_gpu_neuron_or_docker_tools_on_path_is_ok_cpu_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert doctor.check_gpu() == doctor.Check(
+        "gpu", "ok", "no NVIDIA GPU (nvidia-smi not found): the lab runs on CPU"
+    )
+    assert doctor.check_neuron().status == "ok"
+    assert "no docker client" in doctor.check_docker().detail
+
+
+def _fake_tool(folder: Path, name: str, script: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_a_gpu_is_listed_with_a_fake_nvidia_smi_since_no_gpu_is_here(tmp_path, monkeypatch):
+    _fake_tool(tmp_path, "nvidia-smi", 'echo "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    check = doctor.check_gpu()
+    assert check == doctor.Check("gpu", "ok", "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15")
+
+
+def test_a_broken_gpu_driver_is_a_fail_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
+    _fake_tool(
+        tmp_path,
+        "nvidia-smi",
+        "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+        'driver" >&2; exit 9',
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    check = doctor.check_gpu()
+    assert check.status == "fail" and "couldn't communicate" in check.detail
+
+
+def test_an_unreachable_docker_engine_is_a_warning_with_a_fake_client_since_none_runs_here(
+    tmp_path, monkeypatch
+):
+    _fake_tool(tmp_path, "docker", 'echo "Cannot connect to the Docker daemon" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    check = doctor.check_docker()
+    assert check.status == "warn" and "Cannot connect to the Docker daemon" in check.detail
+
+
+def test_the_token_is_named_never_shown(monkeypatch, capsys):
+    secret = "hf_doNotShowThisValue123"
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    assert doctor.check_token().status == "warn"
+    monkeypatch.setenv("PRIVATE_REPO_TOKEN", secret)
+    check = doctor.check_token()
+    assert check.status == "ok" and "PRIVATE_REPO_TOKEN" in check.detail
+    main(["doctor", "--no-server"])
+    main(["doctor", "--no-server", "--json"])
+    printed = capsys.readouterr()
+    assert secret not in printed.out + printed.err and "PRIVATE_REPO_TOKEN" in printed.out
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"[]")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_hub_check_reports_reachable_unreachable_and_offline(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub = http.server.HTTPServer(("127.0.0.1", 0), _Hub)
+    thread = threading.Thread(target=hub.serve_forever, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{hub.server_port}")
+        assert doctor.check_hub().status == "ok"
+    finally:
+        hub.shutdown()
+        hub.server_close()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    down = doctor.check_hub(timeout_s=2)
+    assert down.status == "warn" and "offline" in down.detail
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "not checked" in doctor.check_hub().detail
