@@ -18,10 +18,17 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError, MissingDependencyError, MissingFileError, ServerError
+from .errors import (
+    ConfigError,
+    MissingDependencyError,
+    MissingFileError,
+    ServerError,
+    ServerTimeoutError,
+)
 from .repository_config import (
     CONFIG_FILE,
     KINDS,
@@ -370,6 +377,22 @@ def reload(
         raise
     log.info("loaded %s", name)
     return change
+
+
+def unload(server: TritonServer, name: str, *, timeout_s: float = 60.0) -> None:
+    """Unload ``name`` and wait until Triton has finished (its unload API returns at once)."""
+    server.unload_model(check_name(name))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {row["name"]: row.get("state", "") for row in server.model_index()}
+        if states.get(name) not in ("READY", "UNLOADING"):
+            return
+        if time.monotonic() > deadline:
+            raise ServerTimeoutError(
+                f"model {name!r} was still {states.get(name)} {timeout_s:g} s after the unload "
+                "request; a request in flight may hold it; pass timeout_s= a larger bound"
+            )
+        time.sleep(0.1)
 
 
 def _log_size(server: TritonServer) -> int:
