@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,6 +20,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,10 +228,10 @@ def compile(  # noqa: A001 (the verb users expect: labkit.neuron.compile)
         return CompiledModel(path, target, key, True, shapes, dtypes)
     model.eval()
     log.info("compiling %s for %s (inputs %s)", type(model).__name__, target, shapes)
-    with torch.no_grad():
+    with torch.no_grad(), torchscript_allowed():
         traced = _trace(model, inputs, target, args, compiler_workdir, dynamic_batch_size)
-    staging = Path(tempfile.mkstemp(suffix=".pt", dir=folder)[1])
-    torch.jit.save(traced, str(staging))
+        staging = Path(tempfile.mkstemp(suffix=".pt", dir=folder)[1])
+        torch.jit.save(traced, str(staging))
     staging.replace(path)
     meta = {
         "target": target,
@@ -242,6 +244,27 @@ def compile(  # noqa: A001 (the verb users expect: labkit.neuron.compile)
     }
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     return CompiledModel(path, target, key, False, shapes, dtypes)
+
+
+@contextlib.contextmanager
+def torchscript_allowed():
+    """torch 2.13 deprecates ``torch.jit``, but Neuron artifacts are TorchScript
+    (``torch_neuronx.trace`` returns one), so the cpu target makes and loads the same kind."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit\.\w+` is deprecated", DeprecationWarning)
+        yield
+
+
+def load(path: str | os.PathLike):
+    """Load a compiled artifact in this process, to compare with what Triton serves.
+
+    A cpu artifact loads anywhere; a Neuron one needs its SDK imported and a Neuron device.
+    """
+    import torch  # noqa: PLC0415
+
+    with torchscript_allowed():
+        model = torch.jit.load(str(path), map_location="cpu")
+    return model.eval()
 
 
 def _trace(model, inputs, target, args, workdir, dynamic_batch_size):

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .errors import ConfigError, MissingFileError
-from .neuron import TARGETS, compile, detect
+from .neuron import TARGETS, compile, detect, load
 from .neuron_gen import MODEL_TYPES, GenOptions, TensorSpec, generate_model
 
 
@@ -55,7 +55,7 @@ def _compile_command(args) -> int:
     if not source.is_file():
         raise MissingFileError(f"model file {str(source)!r} does not exist")
     try:
-        model = torch.jit.load(str(source))
+        model = load(source)
     except RuntimeError:
         model = torch.load(str(source), weights_only=False)
     examples = []
