@@ -37,7 +37,7 @@ from .doctor_machine import (
     check_token,
     passed,
 )
-from .errors import LabkitError
+from .errors import LabkitError, MissingDependencyError
 from .server import ServerBinary, TritonServer, locate_tritonserver
 
 log = logging.getLogger(__name__)
@@ -329,6 +329,16 @@ def format_table(checks: Sequence[Check]) -> str:
 
 def exit_code(checks: Sequence[Check]) -> int:
     return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+def require_no_failures(checks: Sequence[Check]) -> None:
+    """Raise :class:`MissingDependencyError` naming each failed check and its fix."""
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise MissingDependencyError(
+            "this machine cannot run the lab yet: "
+            + "; ".join(f"{c.name}: {c.detail} (fix: {c.fix})" for c in failed)
+        )
 
 
 def register_cli(sub) -> None:

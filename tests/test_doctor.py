@@ -219,3 +219,13 @@ def test_the_hub_check_reports_reachable_unreachable_and_offline(monkeypatch):
     assert down.status == "warn" and "offline" in down.detail
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert "not checked" in doctor.check_hub().detail
+
+
+def test_require_no_failures_names_each_failed_check_and_its_fix():
+    doctor.require_no_failures(
+        [doctor.Check("numpy", "ok", "1.26"), doctor.Check("x", "warn", "y", "z")]
+    )
+    with pytest.raises(
+        doctor.MissingDependencyError, match=r"numpy: numpy 2\.1\.0.*fix: pip install"
+    ):
+        doctor.require_no_failures([doctor.check_numpy("2.1.0")])
