@@ -1,0 +1,273 @@
+"""The text-generation model served by a real Triton: same text as in-process, batching, errors.
+
+One module-scoped server holds three models: ``tf0`` (tiny Falcon, ``max_batch_size: 0``),
+``tfb`` (tiny Falcon, dynamic batching) and ``smollm2`` (the committed folder, the real LLM).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from labkit import client, models
+from labkit.errors import InferenceError, ServerError
+from labkit.server import TritonServer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [
+    "I am going",
+    "Where is the nearest",
+    "The quick brown fox jumps over the lazy dog because",
+    "Hi",
+    "Once upon a time there was",
+    "Triton serves models",
+    "Numbers: 1 2 3",
+    "What is the capital of France? It is",
+]
+NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": ""}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    models.add_model(repo, "tiny-falcon", name="tf0", max_tokens=12)
+    models.add_model(
+        repo,
+        "tiny-falcon",
+        name="tfb",
+        max_tokens=12,
+        max_batch_size=8,
+        dynamic_batching=True,
+        max_queue_delay_us=100_000,
+    )
+    models.add_model(repo, "llama7b")  # gated: loaded by a test, never at start
+    shutil.copytree(
+        ROOT / "model_repository" / "smollm2",
+        repo / "smollm2",
+        symlinks=True,
+        ignore=shutil.ignore_patterns("weights", "__pycache__"),
+    )
+    models.prepare_repository(repo)
+    triton = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        load_models=["tf0", "tfb", "smollm2"],
+        startup_timeout_s=240,
+        log_path=repo.parent / "tritonserver.log",
+        env=NO_TOKEN,
+    )
+    try:
+        yield triton.start()
+    finally:
+        triton.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``reference(model_dir_name, prompt, max_tokens)``: plain transformers, in this process."""
+    import torch  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+
+    loaded = {}
+
+    def generate(builder: str, prompt: str, max_tokens: int) -> str:
+        if builder not in loaded:
+            path = models.build_weights(builder)
+            loaded[builder] = (
+                AutoTokenizer.from_pretrained(path),
+                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            )
+        tokenizer, model = loaded[builder]
+        ids = tokenizer(prompt, return_tensors="pt")
+        with torch.inference_mode():
+            out = model.generate(
+                **ids,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        return tokenizer.decode(out[0], skip_special_tokens=True)
+
+    return generate
+
+
+def post(server, path: str, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://{server.http_url}{path}", data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def counts(server, model: str) -> tuple[int, int]:
+    """``(nv_inference_count, nv_inference_exec_count)`` of ``model`` from Prometheus metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+
+    def value(metric):
+        match = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
+        return int(float(match.group(1))) if match else 0
+
+    return value("nv_inference_count"), value("nv_inference_exec_count")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["tf0", "tfb"])
+def test_infer_returns_what_transformers_generates_in_process(server, reference, model, protocol):
+    (text,) = client.infer(
+        server.http_url if protocol == "http" else server.grpc_url,
+        model,
+        "Where is the nearest",
+        protocol,
+    )
+    assert text == reference("tiny-falcon", "Where is the nearest", 12)
+
+
+def test_generate_endpoint_returns_the_same_text_with_request_max_tokens(server, reference):
+    for model in ("tf0", "tfb"):
+        answer = client.generate(server.http_url, model, "I am going", max_tokens=5)
+        assert answer.text == reference("tiny-falcon", "I am going", 5)
+        assert answer.raw["model_name"] == model
+
+
+def test_smollm2_default_model_answers_i_am_going_like_transformers(server, reference):
+    answer = client.generate(server.http_url, "smollm2", "I am going")
+    assert answer.text == reference("smollm2", "I am going", 16)
+    assert answer.text.startswith("I am going to")
+
+
+def test_tutorial_curl_shapes_work_with_and_without_batching(server):
+    for model, shape in (("tf0", [1]), ("tfb", [1, 1])):
+        status, body = post(
+            server,
+            f"/v2/models/{model}/infer",
+            {
+                "inputs": [
+                    {
+                        "name": "text_input",
+                        "datatype": "BYTES",
+                        "shape": shape,
+                        "data": ["I am going"],
+                    }
+                ]
+            },
+        )
+        assert status == 200, body
+        assert body["outputs"][0]["name"] == "text_output"
+        assert body["outputs"][0]["shape"] == shape
+
+
+@pytest.mark.parametrize("model", ["tf0", "tfb"])
+def test_one_request_with_n_prompts_gets_n_answers_in_order(server, reference, model):
+    answers = client.infer(server.http_url, model, PROMPTS[:4], max_tokens=6)
+    assert answers == [reference("tiny-falcon", p, 6) for p in PROMPTS[:4]]
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, reference):
+    before = counts(server, "tfb")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(lambda p: client.infer(server.http_url, "tfb", p, batched=True)[0], PROMPTS)
+        )
+    assert answers == [reference("tiny-falcon", p, 12) for p in PROMPTS]
+    after = counts(server, "tfb")
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == 8
+    assert executions < inferences, f"no batching: {executions} executions for 8 requests"
+
+
+def test_requests_with_different_settings_in_one_batch_keep_their_own_settings(server, reference):
+    jobs = [(p, 3 + i % 2) for i, p in enumerate(PROMPTS)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(
+            pool.map(
+                lambda job: client.infer(
+                    server.http_url, "tfb", job[0], batched=True, max_tokens=job[1]
+                )[0],
+                jobs,
+            )
+        )
+    assert answers == [reference("tiny-falcon", p, n) for p, n in jobs]
+
+
+def test_sampling_with_a_seed_is_repeatable(server):
+    runs = [
+        client.generate(
+            server.http_url,
+            "tf0",
+            "Hi",
+            temperature=0.9,
+            top_p=0.95,
+            top_k=50,
+            seed=7,
+            max_tokens=8,
+        ).text
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "named"),
+    [
+        ("   ", {}, "empty or only whitespace"),
+        ("", {}, "empty or only whitespace"),
+        ("word " * 300, {}, "exceeds the model's context of 256 tokens"),
+        ("Hi", {"max_tokens": -2}, "'max_tokens' must be >= 1"),
+        ("Hi", {"max_tokens": "ten"}, "'max_tokens' must be an integer"),
+        ("Hi", {"temperature": -1.0}, "'temperature' must be >= 0"),
+        ("Hi", {"top_p": 1.5}, "'top_p' must be in"),
+        ("Hi", {"maxtokens": 3}, "unknown parameter(s) 'maxtokens'"),
+    ],
+)
+def test_bad_generate_requests_get_400_naming_the_problem_and_serving_goes_on(
+    server, prompt, params, named
+):
+    with pytest.raises(InferenceError) as info:
+        client.generate(server.http_url, "tfb", prompt, **params)
+    assert info.value.status == 400 and named in str(info.value)
+    assert client.generate(server.http_url, "tfb", "Hi", max_tokens=2).text.startswith("Hi")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_invalid_utf8_is_refused_naming_utf8(server, protocol):
+    url = server.http_url if protocol == "http" else server.grpc_url
+    with pytest.raises(InferenceError, match="not valid UTF-8"):
+        client.infer(url, "tf0", [b"ok", b"caf\xe9 \xff"], protocol)
+    assert client.infer(url, "tf0", "Hi", protocol, max_tokens=2)[0].startswith("Hi")
+
+
+@pytest.mark.parametrize(
+    ("inputs", "named"),
+    [
+        ([{"name": "prompt", "datatype": "BYTES", "shape": [1], "data": ["Hi"]}], "'prompt'"),
+        ([{"name": "text_input", "datatype": "INT32", "shape": [1], "data": [1]}], "INT32"),
+        (
+            [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["Hi"]}],
+            "unexpected shape",
+        ),
+    ],
+)
+def test_triton_refuses_wrong_names_types_and_shapes_with_400(server, inputs, named):
+    status, body = post(server, "/v2/models/tf0/infer", {"inputs": inputs})
+    assert status == 400 and named in body["error"]
+    assert client.infer(server.http_url, "tf0", "Hi", max_tokens=2)[0].startswith("Hi")
+
+
+def test_gated_model_without_a_token_fails_to_load_naming_hf_token(server):
+    with pytest.raises(ServerError, match="HF_TOKEN"):
+        server.load_model("llama7b")
+    assert client.infer(server.http_url, "tf0", "Hi", max_tokens=2)[0].startswith("Hi")
