@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -272,3 +273,10 @@ def test_the_model_repository_copy_is_independent_of_the_source(tmp_path, monkey
     assert os.path.samefile(copy / "m" / "1" / "big.bin", source / "m" / "1" / "big.bin")
     with pytest.raises(MissingFileError, match="does not exist"):
         runner.copy_model_repository(tmp_path / "run2", tmp_path / "nothing")
+
+
+def test_each_invocation_gets_its_own_timestamped_run_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
+    first, second = runner.prepare_run_dir(), runner.prepare_run_dir()
+    assert first != second and first.parent == second.parent == (tmp_path / "runs").resolve()
+    assert re.fullmatch(r"\d{8}-\d{6}(-\d+)?", second.name)
