@@ -1,0 +1,164 @@
+"""The sentence-embedding model (the real all-MiniLM-L6-v2) served by Triton vs in process."""
+
+from __future__ import annotations
+
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
+
+from labkit import embedding
+from labkit.errors import InferenceError, MissingDependencyError
+from labkit.repository import Repository, index, served_config
+from labkit.server import TritonServer
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The new movie is awesome!",
+    "Héllo wörld, ça va? 你好",
+    "",
+    "word " * 400,  # longer than max_seq_length: truncated to 256 tokens on both sides
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The committed minilm, plus ``minilm_raw``: weights from a folder next to its config
+    (``huggingface_model: weights``, a link to the package's files) and no normalisation."""
+    root = tmp_path_factory.mktemp("embedding")
+    repo = Repository(ROOT / "model_repository").copy_to(root / "repo")
+    for name in [m for m in repo.models() if m != "minilm"]:
+        repo.remove(name)  # other models of the lab are not this module's subject
+    embedding.add_embedding_model(
+        repo.path, "minilm_raw", huggingface_model="weights", normalize=False, max_batch_size=8
+    )
+    (repo.path / "minilm_raw" / "weights").symlink_to(embedding.model_folder())
+    s = TritonServer(
+        repo.path,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=240,
+        log_path=root / "tritonserver.log",
+    )
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def metric(server: TritonServer, name: str, model: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:  # the parser names counter samples <family>_total
+            if family.name == name and sample.labels.get("model") == model:
+                return sample.value
+    raise AssertionError(f"{name} for {model} not in the metrics")
+
+
+@pytest.mark.integration
+def test_two_embedding_models_are_ready_at_once(server):
+    frame = index(server).set_index("name")
+    assert frame.loc["minilm", "state"] == "READY"
+    assert frame.loc["minilm_raw", "state"] == "READY"
+    served = served_config(server, "minilm")
+    assert served["output"][0]["dims"] == ["384"] or served["output"][0]["dims"] == [384]
+
+
+@pytest.mark.integration
+def test_served_vectors_equal_the_in_process_reference(server):
+    served = embedding.served_embed(server, TEXTS)
+    reference = embedding.embed(TEXTS)
+    assert served.shape == (len(TEXTS), 384) and served.dtype == np.float32
+    np.testing.assert_allclose(served, reference, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_the_unnormalised_model_loads_weights_beside_its_config_and_keeps_the_raw_mean(server):
+    raw = embedding.served_embed(server, TEXTS[:3], model="minilm_raw")
+    np.testing.assert_allclose(raw, embedding.embed(TEXTS[:3], normalize=False), atol=1e-5, rtol=0)
+    assert np.all(np.abs(np.linalg.norm(raw, axis=1) - 1.0) > 0.1)
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    np.testing.assert_allclose(unit, embedding.embed(TEXTS[:3]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.integration
+def test_concurrent_requests_are_batched_and_each_gets_its_own_vector(server):
+    texts = [
+        f"Sentence number {i} is about {topic}."
+        for i, topic in enumerate(
+            ["cats", "the stock market", "rain", "football", "jazz", "rockets", "bread", "trains"]
+            * 3
+        )
+    ]
+    reference = embedding.embed(texts)
+    before = (
+        metric(server, "nv_inference_count", "minilm"),
+        metric(server, "nv_inference_exec_count", "minilm"),
+    )
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda t: embedding.served_embed(server, [t])[0], texts))
+    for text, got, want in zip(texts, results, reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=text)
+    inferences = metric(server, "nv_inference_count", "minilm") - before[0]
+    executions = metric(server, "nv_inference_exec_count", "minilm") - before[1]
+    assert inferences == len(texts)
+    assert executions < inferences, "dynamic batching never put two requests together"
+
+
+@pytest.mark.integration
+def test_search_ranks_the_relevant_document_first(server):
+    documents = [
+        "The stock market fell sharply on Monday.",
+        "Boil the spaghetti in salted water for ten minutes.",
+        "The cat slept on the warm windowsill.",
+    ]
+    ranking = embedding.search("How do I cook pasta?", documents, server)
+    assert ranking.iloc[0]["document"] == documents[1]
+    assert list(ranking.index) == [1, 2, 3]
+    assert ranking["score"].is_monotonic_decreasing
+    assert len(embedding.search("cats", documents, server.http_url, top_k=1)) == 1
+
+
+@pytest.mark.integration
+def test_invalid_utf8_is_refused_by_name_and_the_model_keeps_serving(server):
+    data = np.array([[b"\xff\xfe bad"]], dtype=object)
+    tensor = httpclient.InferInput("text_input", [1, 1], "BYTES")
+    tensor.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException, match="not valid UTF-8"):
+        server.client().infer("minilm", [tensor])
+    with pytest.raises(InferenceError, match="unknown model|not found"):
+        embedding.served_embed(server, ["hi"], model="no_such_model")
+    np.testing.assert_allclose(
+        embedding.served_embed(server, TEXTS[:1]), embedding.embed(TEXTS[:1]), atol=1e-5, rtol=0
+    )
+
+
+def test_in_process_vectors_do_not_depend_on_the_batch():
+    together = embedding.embed(TEXTS, batch_size=32)
+    alone = np.concatenate([embedding.embed([t]) for t in TEXTS])
+    np.testing.assert_allclose(together, alone, atol=1e-5, rtol=0)
+
+
+def test_in_process_vectors_carry_meaning():
+    a, b, c = embedding.embed(TEXTS[:3])
+    assert embedding.cosine(a, np.stack([b, c])).tolist() == pytest.approx(
+        [float(a @ b), float(a @ c)], abs=1e-6
+    )
+    assert a @ b > 0.6 > 0.2 > a @ c
+
+
+def test_the_weights_come_from_the_installed_package_and_a_missing_one_is_named():
+    folder = Path(embedding.model_folder())
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    with pytest.raises(MissingDependencyError, match="package 'no_such_pkg'.*not installed"):
+        embedding.model_folder("package:no_such_pkg")
