@@ -1,0 +1,391 @@
+"""Triton Model Analyzer (``model-analyzer profile``) run with labkit's server, read into DataFrames.
+
+Model Analyzer launches ``tritonserver`` itself (``triton_launch_mode: local``). labkit writes a
+small wrapper script into the run folder that starts the located server with its backend directory
+and environment, and records the PID of every server it starts, so that a run that ends badly (a
+timeout, an interrupt) still leaves no ``tritonserver`` behind: Model Analyzer starts each server
+in a session of its own, out of reach of Model Analyzer's own process group.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
+from .proc import free_port, kill_group, tail
+from .profiling import locate_perf_analyzer
+from .server import locate_tritonserver
+
+log = logging.getLogger(__name__)
+
+WRAPPER_MARKER = "labkit-tritonserver-wrapper"
+#: Model Analyzer's measurement fields labkit asks for (its names; see its docs/config.md).
+INFERENCE_FIELDS = [
+    "model_name",
+    "batch_size",
+    "concurrency",
+    "model_config_path",
+    "instance_group",
+    "max_batch_size",
+    "satisfies_constraints",
+    "perf_throughput",
+    "perf_latency_p99",
+    "perf_server_queue",
+    "perf_server_compute_infer",
+    "cpu_used_ram",
+    "gpu_used_memory",
+    "gpu_utilization",
+]
+_COLUMNS = {
+    "Model": "model",
+    "Model Config Path": "config",
+    "Concurrency": "concurrency",
+    "Batch": "batch_size",
+    "Instance Group": "instance_group",
+    "Max Batch Size": "max_batch_size",
+    "Satisfies Constraints": "satisfies_constraints",
+    "Throughput (infer/sec)": "throughput",
+    "p50 Latency (ms)": "p50_ms",
+    "p99 Latency (ms)": "p99_ms",
+    "Server Queue time (ms)": "queue_ms",
+    "Server Compute Infer time (ms)": "compute_infer_ms",
+    "RAM Usage (MB)": "cpu_memory_mb",
+    "GPU Memory Usage (MB)": "gpu_memory_mb",
+    "GPU Utilization (%)": "gpu_utilization",
+}
+
+
+@dataclass
+class AnalyzerSettings:
+    """What to search. The defaults are sized for 2 CPU cores (a few configs, short windows);
+    the tutorial's GPU search is ``max_instance_count=3, min_model_batch_size=8`` and wider."""
+
+    models: list[str]
+    search_mode: str = "brute"  # "quick" or "brute" (automatic brute search)
+    max_instance_count: int = 1
+    min_model_batch_size: int = 1
+    max_model_batch_size: int = 4
+    concurrency: list[int] = field(default_factory=lambda: [2])
+    measurement_request_count: int = 20
+    perf_analyzer_timeout_s: int = 120
+    client_protocol: str = "http"
+    cpu_only: bool | None = None  # None: True when the host has no NVIDIA GPU
+    string_data: str | None = "Where is the nearest"
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # any other Model Analyzer option, as in its YAML
+
+
+@dataclass
+class AnalyzerResult:
+    """What a profile run left: its DataFrames and where its files are."""
+
+    run_dir: Path
+    export_path: Path
+    inference: pd.DataFrame
+    gpu: pd.DataFrame | None
+    server: pd.DataFrame | None
+    configs: dict[str, dict]  # variant name -> max_batch_size, dynamic_batching, instances, path
+
+    @property
+    def reports(self) -> list[Path]:
+        """Model Analyzer's own reports (HTML without wkhtmltopdf, else PDF)."""
+        return sorted((self.export_path / "reports").rglob("*.htm*")) + sorted(
+            (self.export_path / "reports").rglob("*.pdf")
+        )
+
+
+def find_model_analyzer() -> str | None:
+    """The ``model-analyzer`` executable of this Python environment, else on PATH, else None."""
+    beside = Path(sys.executable).parent / "model-analyzer"
+    return str(beside) if beside.is_file() else shutil.which("model-analyzer")
+
+
+def has_gpu() -> bool:
+    """True when ``nvidia-smi -L`` lists a GPU."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
+    return done.returncode == 0 and "GPU" in done.stdout
+
+
+def write_wrapper(run_dir: Path) -> Path:
+    """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
+    binary = locate_tritonserver()
+    folder = run_dir / "bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "#!/bin/sh",
+        f"# {WRAPPER_MARKER}: written by labkit.analyzer for Model Analyzer's local launch mode.",
+        f"echo $$ >> {shlex.quote(str(run_dir / 'tritonserver.pids'))}",
+        *[f"export {k}={shlex.quote(v)}" for k, v in binary.env.items()],
+    ]
+    backend = f" --backend-directory={shlex.quote(str(binary.backend_directory))}"
+    lines.append(
+        f'exec {shlex.quote(str(binary.path))}{backend if binary.backend_directory else ""} "$@"'
+    )
+    wrapper = folder / "tritonserver"
+    wrapper.write_text("\n".join(lines) + "\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettings) -> Path:
+    """The Model Analyzer YAML for ``s``, with free loopback ports and paths in ``run_dir``."""
+    import yaml  # noqa: PLC0415
+
+    if s.search_mode not in ("quick", "brute"):
+        raise ConfigError(f"search_mode must be 'quick' or 'brute', got {s.search_mode!r}")
+    if not s.models:
+        raise ConfigError("AnalyzerSettings.models is empty; name at least one model to profile")
+    cpu_only = (not has_gpu()) if s.cpu_only is None else s.cpu_only
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    flags = {
+        "measurement-mode": "count_windows",
+        "measurement-request-count": s.measurement_request_count,
+    }
+    if s.string_data is not None:
+        flags["string-data"] = s.string_data
+    if s.shapes:
+        flags["shape"] = [f"{k}:{','.join(map(str, v))}" for k, v in s.shapes.items()]
+    config = {
+        "model_repository": str(Path(repository).resolve()),
+        "profile_models": {
+            m: {"cpu_only": cpu_only, "parameters": {"concurrency": list(s.concurrency)}}
+            for m in s.models
+        },
+        "run_config_search_mode": s.search_mode,
+        "run_config_search_max_instance_count": s.max_instance_count,
+        "run_config_search_min_model_batch_size": s.min_model_batch_size,
+        "run_config_search_max_model_batch_size": s.max_model_batch_size,
+        "triton_launch_mode": "local",
+        "triton_server_path": str(write_wrapper(run_dir)),
+        "triton_http_endpoint": f"127.0.0.1:{http}",
+        "triton_grpc_endpoint": f"127.0.0.1:{grpc}",
+        "triton_metrics_url": f"http://127.0.0.1:{metrics}/metrics",
+        "triton_server_flags": {
+            "http-address": "127.0.0.1",
+            "grpc-address": "127.0.0.1",
+            "metrics-address": "127.0.0.1",
+            "allow-cpu-metrics": "true",
+        },
+        "triton_output_path": str(run_dir / "tritonserver.log"),
+        "perf_analyzer_path": str(locate_perf_analyzer().path),
+        "perf_analyzer_flags": flags,
+        "perf_analyzer_timeout": s.perf_analyzer_timeout_s,
+        "perf_output": True,
+        "perf_output_path": str(run_dir / "perf_analyzer.log"),
+        "client_protocol": s.client_protocol,
+        "collect_cpu_metrics": True,
+        "export_path": str(run_dir / "analysis"),
+        "checkpoint_directory": str(run_dir / "analysis" / "checkpoints"),
+        "output_model_repository_path": str(run_dir / "output_model_repository"),
+        "override_output_model_repository": True,
+        "inference_output_fields": INFERENCE_FIELDS,
+        **s.extra,
+    }
+    (run_dir / "analysis").mkdir(parents=True, exist_ok=True)
+    path = run_dir / "model-analyzer.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def model_analyzer(
+    repository: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    settings: AnalyzerSettings,
+    *,
+    timeout_s: float = 600.0,
+    progress: bool = True,
+) -> AnalyzerResult:
+    """Run ``model-analyzer profile`` on ``settings.models`` and load what it measured.
+
+    Stale checkpoints are removed first (Model Analyzer would otherwise reuse old results).
+    Past ``timeout_s``, or on an interrupt, Model Analyzer and every server it started are
+    killed and :class:`ToolTimeoutError` (or ``KeyboardInterrupt``) is raised.
+    """
+    executable = find_model_analyzer()
+    if not executable:
+        raise MissingDependencyError(
+            "model-analyzer is not installed; `pip install triton-model-analyzer==1.58.0` "
+            "(or `pip install -e .[analyzer]`)"
+        )
+    run_dir = Path(run_dir).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir / "analysis" / "checkpoints", ignore_errors=True)
+    config = write_config(repository, run_dir, settings)
+    pa = locate_perf_analyzer()
+    env = {**os.environ, **pa.env}
+    env["PATH"] = os.pathsep.join(
+        [str(run_dir / "bin"), str(Path(executable).parent), env.get("PATH", "")]
+    )
+    log_path = run_dir / "model-analyzer.log"
+    cmd = [executable, "profile", "-f", str(config)]
+    log.info("running %s (log: %s)", " ".join(cmd), log_path)
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=run_dir,
+            start_new_session=True,
+        )
+        try:
+            _follow(process, log_path, timeout_s, progress)
+        finally:
+            _end_everything(process, run_dir)
+    if process.returncode != 0:
+        raise ToolError(
+            f"model-analyzer exited with status {process.returncode}; "
+            f"see {log_path}\n{tail(log_path.read_text(), 25)}"
+        )
+    return load_results(run_dir)
+
+
+def _follow(process: subprocess.Popen, log_path: Path, timeout_s: float, progress: bool) -> None:
+    """Wait for Model Analyzer, showing each measurement it starts, up to the deadline."""
+    from tqdm.auto import tqdm  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    with tqdm(desc="model-analyzer", unit=" measurement", disable=not progress) as bar:
+        while process.poll() is None:
+            if time.monotonic() > deadline:
+                raise ToolTimeoutError(
+                    f"model-analyzer ran past its bound of {timeout_s:g} s and was stopped; "
+                    f"narrow the search (fewer concurrencies, batch sizes, instances) or pass "
+                    f"timeout_s= a larger bound.\n{tail(log_path.read_text(), 10)}"
+                )
+            lines = re.findall(r"Profiling (\S+): (.*)", log_path.read_text(errors="replace"))
+            if len(lines) > seen:
+                bar.update(len(lines) - seen)
+                bar.set_postfix_str(" ".join(lines[-1])[:60])
+                seen = len(lines)
+            time.sleep(1.0)
+
+
+def _end_everything(process: subprocess.Popen, run_dir: Path) -> None:
+    """Stop Model Analyzer's process group and every server the wrapper recorded."""
+    if process.poll() is None:
+        kill_group(process.pid, signal.SIGINT)  # Model Analyzer stops its server on SIGINT
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    kill_group(process.pid, signal.SIGKILL)
+    process.wait()
+    pids = run_dir / "tritonserver.pids"
+    for line in pids.read_text().split() if pids.is_file() else []:
+        kill_group(int(line), signal.SIGKILL)  # each server leads its own session
+    for pid in leftover_servers(run_dir):
+        kill_group(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def leftover_servers(run_dir: str | os.PathLike) -> list[int]:
+    """PIDs of processes whose command line mentions ``run_dir`` (servers, stubs)."""
+    done = subprocess.run(
+        ["pgrep", "-f", str(run_dir)], capture_output=True, text=True, check=False
+    )
+    return [int(p) for p in done.stdout.split() if int(p) != os.getpid()]
+
+
+def load_results(run_dir: str | os.PathLike) -> AnalyzerResult:
+    """Read the CSVs of a finished run (``analysis/results``) and its model variants' configs."""
+    run_dir = Path(run_dir)
+    export = run_dir / "analysis"
+    results = export / "results"
+    inference_csv = results / "metrics-model-inference.csv"
+    if not inference_csv.is_file():
+        raise ToolError(
+            f"Model Analyzer left no {inference_csv}; see {run_dir / 'model-analyzer.log'}"
+        )
+    inference = pd.read_csv(inference_csv).rename(columns=_COLUMNS)
+    configs = _variant_configs(run_dir / "output_model_repository")
+    for key in ("dynamic_batching", "instances"):
+        inference[key] = inference["config"].map(lambda c, k=key: configs.get(c, {}).get(k))
+    optional = {}
+    for name, stem in (("gpu", "metrics-model-gpu"), ("server", "metrics-server-only")):
+        path = results / f"{stem}.csv"
+        optional[name] = pd.read_csv(path) if path.is_file() and path.stat().st_size else None
+    inference = inference.sort_values(["config", "concurrency"], ignore_index=True)
+    return AnalyzerResult(run_dir, export, inference, optional["gpu"], optional["server"], configs)
+
+
+def _variant_configs(folder: Path) -> dict[str, dict]:
+    from .repository import read_config  # noqa: PLC0415
+
+    out = {}
+    for path in sorted(folder.glob("*/config.pbtxt")):
+        cfg = read_config(path)
+        out[path.parent.name] = {
+            "max_batch_size": cfg.max_batch_size,
+            "dynamic_batching": cfg.HasField("dynamic_batching"),
+            "instances": sum(g.count or 1 for g in cfg.instance_group) or 1,
+            "path": path,
+        }
+    return out
+
+
+def summary(result: AnalyzerResult) -> pd.DataFrame:
+    """The tutorial's table: per configuration, its best-throughput measurement."""
+    frame = result.inference
+    best = frame.loc[frame.groupby("config")["throughput"].idxmax()]
+    columns = [
+        "config",
+        "max_batch_size",
+        "dynamic_batching",
+        "instances",
+        "concurrency",
+        "p99_ms",
+        "throughput",
+        "cpu_memory_mb",
+        "gpu_memory_mb",
+        "gpu_utilization",
+    ]
+    table = best[[c for c in columns if c in best]].copy()
+    return table.sort_values("throughput", ascending=False, ignore_index=True)
+
+
+def best_config(result: AnalyzerResult, p99_budget_ms: float | None = None) -> str:
+    """The variant with the highest throughput (within ``p99_budget_ms`` when given)."""
+    frame = result.inference
+    if p99_budget_ms is not None:
+        frame = frame[frame["p99_ms"] <= p99_budget_ms]
+        if frame.empty:
+            raise ConfigError(
+                f"no measured configuration has p99 latency <= {p99_budget_ms:g} ms (lowest: "
+                f"{result.inference['p99_ms'].min():.1f} ms); raise the budget or pass None"
+            )
+    return str(frame.loc[frame["throughput"].idxmax(), "config"])
+
+
+def apply_config(result: AnalyzerResult, variant: str, server, model: str) -> str:
+    """Write ``variant``'s configuration as ``model``'s in the server's repository and reload it
+    live; returns the diff. Confirm with :func:`labkit.profiling.perf_analyzer` before and after."""
+    from .repository import read_config, reload  # noqa: PLC0415
+
+    if variant not in result.configs:
+        raise ConfigError(
+            f"unknown configuration {variant!r}; measured: {', '.join(result.configs)}"
+        )
+    cfg = read_config(result.configs[variant]["path"])
+    cfg.name = model
+    return reload(server, model, cfg)

@@ -1,0 +1,236 @@
+"""``labkit bench batching``: one server, one model, one concurrency, dynamic batching off then on.
+
+Both measurements come from the same server process in one run: the model's configuration is
+rewritten in a copy of the repository (inside the run folder) and reloaded live between them, so
+the only difference is the scheduler. The result is a table and a JSON file with both throughputs,
+p50 and p99 latencies, the server's average batch size and the throughput ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import profiling
+from .errors import ConfigError
+from .repository import Repository, apply_edits, reload
+from .server import TritonServer
+
+log = logging.getLogger(__name__)
+
+#: The figures kept per phase (perf_analyzer columns, see :func:`labkit.profiling.perf_analyzer`).
+PHASE_FIGURES = (
+    "throughput",
+    "p50_ms",
+    "p99_ms",
+    "avg_latency_ms",
+    "queue_ms",
+    "compute_infer_ms",
+    "avg_batch_size",
+    "request_count",
+    "stable",
+)
+
+
+@dataclass
+class BatchingSettings:
+    """What the benchmark measures, and how long each measurement window is."""
+
+    model: str = "smollm2"
+    concurrency: int = 8
+    max_batch_size: int = 8
+    max_queue_delay_us: int = 0  # the tutorial's `dynamic_batching {}`
+    string_data: str = "Where is the nearest"
+    request_parameters: dict = field(default_factory=dict)
+    measurement_mode: str = "count_windows"
+    measurement_request_count: int | None = None  # default: 2 x concurrency
+    measurement_interval_ms: int = 5000
+    stability_percentage: float = 30.0
+    max_trials: int = 6
+    startup_timeout_s: float = 600.0
+    timeout_s: float = 900.0
+
+
+def batching(
+    repository: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    settings: BatchingSettings | None = None,
+    *,
+    progress: bool = True,
+) -> dict:
+    """Measure ``settings.model`` with dynamic batching off, then on; return the figures.
+
+    ``repository`` is copied into ``run_dir`` (weights are linked, not copied), so the source
+    repository is never changed. Offline models get their weights built first when
+    :mod:`labkit.models` knows them.
+    """
+    s = settings or BatchingSettings()
+    if s.concurrency < 1 or s.max_batch_size < 1:
+        raise ConfigError(
+            f"concurrency ({s.concurrency}) and max_batch_size ({s.max_batch_size}) must be >= 1"
+        )
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    repo = Repository(repository).copy_to(run_dir / "model_repository")
+    _prepare_weights(repo.path)
+    base = repo.config(s.model)
+    off = apply_edits(base, dynamic_batching=False)
+    on = apply_edits(
+        base,
+        max_batch_size=max(base.max_batch_size, s.max_batch_size),
+        dynamic_batching=True,
+        max_queue_delay_microseconds=s.max_queue_delay_us,
+    )
+    repo.write_config(s.model, off)
+    result: dict = {
+        "model": s.model,
+        "concurrency": s.concurrency,
+        "max_batch_size": on.max_batch_size,
+        "max_queue_delay_us": s.max_queue_delay_us,
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "run_dir": str(run_dir),
+    }
+    started = time.monotonic()
+    with TritonServer(
+        repo.path,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        load_models=[s.model],
+        startup_timeout_s=s.startup_timeout_s,
+        log_path=run_dir / "tritonserver.log",
+    ) as server:
+        for phase, config in (("off", off), ("on", on)):
+            reload(server, s.model, config, repository=repo)
+            result[phase] = _measure(server, s, phase, run_dir, progress)
+    result["throughput_ratio"] = result["on"]["throughput"] / result["off"]["throughput"]
+    result["p99_ratio"] = result["on"]["p99_ms"] / result["off"]["p99_ms"]
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _measure(
+    server: TritonServer, s: BatchingSettings, phase: str, run_dir: Path, progress: bool
+) -> dict:
+    before = profiling.metrics(server)
+    frame = profiling.perf_analyzer(
+        server,
+        s.model,
+        concurrency=s.concurrency,
+        string_data=s.string_data,
+        shapes={_input_name(server, s.model): [1]},
+        request_parameters=s.request_parameters,
+        measurement_mode=s.measurement_mode,
+        measurement_request_count=s.measurement_request_count or 2 * s.concurrency,
+        measurement_interval_ms=s.measurement_interval_ms,
+        stability_percentage=s.stability_percentage,
+        max_trials=s.max_trials,
+        run_dir=run_dir / f"batching-{phase}",
+        label=f"batching {phase}",
+        timeout_s=s.timeout_s,
+        progress=progress,
+    )
+    row = frame.iloc[0]
+    figures = {k: (bool(row[k]) if k == "stable" else float(row[k])) for k in PHASE_FIGURES}
+    served = profiling.metrics(server, since=before).set_index("model")
+    if s.model in served.index:  # over the whole phase, warm-up included
+        figures["server_avg_batch_size"] = float(served.loc[s.model, "avg_batch_size"])
+    frame.to_csv(run_dir / f"batching-{phase}.csv", index=False)
+    return figures
+
+
+def _input_name(server: TritonServer, model: str) -> str:
+    inputs = server.client().get_model_metadata(model).get("inputs", [])
+    if len(inputs) != 1:
+        raise ConfigError(
+            f"the batching benchmark sends one text input, but {model!r} has "
+            f"{len(inputs)} inputs; pick a text-generation model such as smollm2"
+        )
+    return inputs[0]["name"]
+
+
+def _prepare_weights(repo: Path) -> None:
+    try:
+        from .models import prepare_repository  # noqa: PLC0415
+    except ImportError:  # a checkout without the model builders
+        return
+    prepare_repository(repo)
+
+
+def table(result: dict) -> str:
+    """The result as a small text table."""
+    rows = [
+        ("", "batching off", "batching on"),
+        *[
+            (name, f"{result['off'][key]:.2f}", f"{result['on'][key]:.2f}")
+            for name, key in (
+                ("throughput (infer/s)", "throughput"),
+                ("p50 latency (ms)", "p50_ms"),
+                ("p99 latency (ms)", "p99_ms"),
+                ("queue (ms)", "queue_ms"),
+                ("compute infer (ms)", "compute_infer_ms"),
+                ("average batch size", "avg_batch_size"),
+            )
+        ],
+        ("stable measurement", str(result["off"]["stable"]), str(result["on"]["stable"])),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [
+        "  ".join(
+            c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, width, strict=True))
+        )
+        for r in rows
+    ]
+    lines.append(
+        f"{result['model']} at concurrency {result['concurrency']}: throughput x"
+        f"{result['throughput_ratio']:.2f} with dynamic batching, p99 x{result['p99_ratio']:.2f}"
+    )
+    return "\n".join(lines)
+
+
+# -- command line -------------------------------------------------------------------------------
+def register_cli(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that write their figures (JSON and a table)")
+    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    p = kinds.add_parser("batching", help="dynamic batching off then on, one model, one server")
+    d = BatchingSettings()
+    p.add_argument("--model", default=d.model, help="model to measure (default: %(default)s)")
+    p.add_argument("--repository", default="model_repository", help="source model repository")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument("--max-queue-delay-us", type=int, default=d.max_queue_delay_us)
+    p.add_argument("--string-data", default=d.string_data, help="the prompt every request sends")
+    p.add_argument("--max-tokens", type=int, help="request parameter max_tokens (new tokens)")
+    p.add_argument("--request-count", type=int, help="requests per measurement window")
+    p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(handler=_cli_batching)
+
+
+def _cli_batching(args) -> int:
+    settings = BatchingSettings(
+        model=args.model,
+        concurrency=args.concurrency,
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_us=args.max_queue_delay_us,
+        string_data=args.string_data,
+        request_parameters={"max_tokens": args.max_tokens} if args.max_tokens else {},
+        measurement_request_count=args.request_count,
+    )
+    from .runner import run_folder  # noqa: PLC0415
+
+    run_dir = run_folder(args.run_dir, notebook="bench-batching")
+    result = batching(args.repository, run_dir, settings)
+    print(table(result))
+    text = json.dumps(result, indent=2)
+    (run_dir / "batching.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+        print(f"wrote {args.json}")
+    print(f"run folder: {run_dir}")
+    return 0

@@ -1,0 +1,84 @@
+"""Model Analyzer runs for real (local launch mode, labkit's server) on a small model."""
+
+from __future__ import annotations
+
+import pytest
+from test_profiling import write_sleepy_model
+
+from labkit import analyzer, plots
+from labkit.errors import ConfigError, ToolTimeoutError
+from labkit.repository import served_config
+from labkit.server import _is_labkit_wrapper, locate_tritonserver
+
+pytestmark = pytest.mark.skipif(
+    analyzer.find_model_analyzer() is None,
+    reason="triton-model-analyzer is not installed (pip install triton-model-analyzer==1.58.0)",
+)
+
+SMALL = dict(max_model_batch_size=2, concurrency=[2], measurement_request_count=10)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    root = tmp_path_factory.mktemp("analyzer")
+    write_sleepy_model(root / "repo", "sleepy", sleep_ms=10, batching=False)
+    settings = analyzer.AnalyzerSettings(models=["sleepy"], **SMALL)
+    result = analyzer.model_analyzer(
+        root / "repo", root / "run", settings, timeout_s=500, progress=False
+    )
+    return root, result
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_small_profile_run_measures_several_configurations(profiled):
+    root, result = profiled
+    frame = result.inference
+    assert frame["config"].nunique() >= 2
+    assert (frame["throughput"] > 0).all()
+    assert (frame["p99_ms"] > 0).all()
+    # Each variant's own config.pbtxt was read back: batching off in the default, on elsewhere.
+    assert not result.configs["sleepy_config_default"]["dynamic_batching"]
+    assert any(c["dynamic_batching"] for c in result.configs.values())
+    table = analyzer.summary(result)
+    assert list(table["throughput"]) == sorted(table["throughput"], reverse=True)
+    assert {"max_batch_size", "dynamic_batching", "instances", "p99_ms"} <= set(table)
+    assert any(p.name == "result_summary.html" for p in result.reports)
+    assert len(plots.throughput_vs_latency(frame).data) == frame["config"].nunique()
+    assert analyzer.leftover_servers(root / "run") == []
+    # The wrapper Model Analyzer launched is not mistaken for a real server.
+    wrapper = root / "run" / "bin" / "tritonserver"
+    assert _is_labkit_wrapper(wrapper)
+    assert locate_tritonserver().path != wrapper
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_winner_is_applied_live(profiled, start_server, tmp_path):
+    _, result = profiled
+    winner = analyzer.best_config(result)
+    assert winner == result.inference.loc[result.inference["throughput"].idxmax(), "config"]
+    write_sleepy_model(tmp_path / "served", "sleepy", sleep_ms=10, batching=False)
+    server = start_server(tmp_path / "served")
+    analyzer.apply_config(result, winner, server, "sleepy")
+    served = served_config(server, "sleepy")
+    assert served["max_batch_size"] == result.configs[winner]["max_batch_size"]
+    assert ("dynamic_batching" in served) == result.configs[winner]["dynamic_batching"]
+
+
+@pytest.mark.integration
+def test_an_impossible_latency_budget_names_the_lowest_latency(profiled):
+    _, result = profiled
+    with pytest.raises(ConfigError, match="lowest"):
+        analyzer.best_config(result, p99_budget_ms=0.001)
+
+
+@pytest.mark.integration
+def test_a_run_past_its_bound_leaves_no_process_behind(tmp_path):
+    write_sleepy_model(tmp_path / "repo", "sleepy", sleep_ms=10, batching=False)
+    settings = analyzer.AnalyzerSettings(models=["sleepy"], **SMALL)
+    run = tmp_path / "run"
+    with pytest.raises(ToolTimeoutError, match="past its bound of 30 s"):
+        analyzer.model_analyzer(tmp_path / "repo", run, settings, timeout_s=30, progress=False)
+    assert (run / "tritonserver.pids").is_file(), "the bound passed before a server started"
+    assert analyzer.leftover_servers(run) == []
