@@ -30,6 +30,8 @@ def _address(url: str) -> str:
 
 
 def _refused(model: str, status, message: str) -> InferenceError:
+    if isinstance(status, str) and status.isdigit():  # tritonclient.http reports "400"
+        status = int(status)
     error = InferenceError(f"model {model!r} refused the request ({status}): {message}")
     error.status = status
     error.server_message = message
