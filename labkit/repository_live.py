@@ -1,0 +1,121 @@
+"""Live changes to a running server through Triton's repository API (explicit model control).
+
+:func:`index` shows every model's state and reason; :func:`reload` writes a configuration (when
+given) and loads it without restarting the server, putting the previous file back when Triton
+refuses the new one; :func:`unload` waits until Triton has really let the model go.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError, MissingFileError, ServerError, ServerTimeoutError
+from .repository_config import ModelConfig, check_name
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .repository import Repository
+    from .server import TritonServer
+
+log = logging.getLogger(__name__)
+
+
+def index(server: TritonServer) -> pd.DataFrame:
+    """Every model of the server's repository with its version, state and reason."""
+    import pandas as pd  # noqa: PLC0415
+
+    rows = [
+        {
+            "name": m.get("name", ""),
+            "version": m.get("version", ""),
+            "state": m.get("state", "UNAVAILABLE"),
+            "reason": m.get("reason", ""),
+        }
+        for m in server.model_index()
+    ]
+    frame = pd.DataFrame(rows, columns=["name", "version", "state", "reason"])
+    return frame.sort_values(["name", "version"], ignore_index=True)
+
+
+def served_config(server: TritonServer, name: str) -> dict:
+    """The configuration the server reports for a loaded model (``/v2/models/<name>/config``)."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    try:
+        return server.client().get_model_config(check_name(name))
+    except InferenceServerException as exc:
+        raise ServerError(f"Triton has no configuration for {name!r}: {exc.message()}") from exc
+
+
+def reload(
+    server: TritonServer,
+    name: str,
+    config: ModelConfig | None = None,
+    *,
+    repository: str | os.PathLike | Repository | None = None,
+) -> str:
+    """Load (or reload) ``name`` on a running server, writing ``config`` first if given.
+
+    The folder is checked first, so a bad model never reaches the server. If Triton refuses the
+    model, the previous ``config.pbtxt`` is put back and :class:`ServerError` carries Triton's
+    reason; the models already serving keep serving. Returns the diff that was written.
+    """
+    from .repository import Repository  # noqa: PLC0415 (repository imports this module)
+
+    if not isinstance(repository, Repository):
+        repository = Repository(repository or server.model_repository)
+    path = repository.config_path(name)
+    before = path.read_bytes() if path.is_file() else None
+    change = repository.write_config(name, config) if config is not None else ""
+    log_start = _log_size(server)
+    try:
+        repository.check(name)
+        server.load_model(name)
+    except (ServerError, ConfigError, MissingFileError) as exc:
+        if config is not None and before is not None:
+            path.write_bytes(before)
+            log.warning("Triton refused the new configuration of %s; restored the old one", name)
+        detail = _logged_reason(server, name, log_start) if isinstance(exc, ServerError) else ""
+        if detail and detail not in str(exc):
+            raise ServerError(f"{exc}\nserver log: {detail}") from exc
+        raise
+    log.info("loaded %s", name)
+    return change
+
+
+def unload(server: TritonServer, name: str, *, timeout_s: float = 60.0) -> None:
+    """Unload ``name`` and wait until Triton has finished (its unload API returns at once)."""
+    server.unload_model(check_name(name))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = {row["name"]: row.get("state", "") for row in server.model_index()}
+        if states.get(name) not in ("READY", "UNLOADING"):
+            return
+        if time.monotonic() > deadline:
+            raise ServerTimeoutError(
+                f"model {name!r} was still {states.get(name)} {timeout_s:g} s after the unload "
+                "request; a request in flight may hold it; pass timeout_s= a larger bound"
+            )
+        time.sleep(0.1)
+
+
+def _log_size(server: TritonServer) -> int:
+    path = getattr(server, "log_path", None)
+    return Path(path).stat().st_size if path and Path(path).is_file() else 0
+
+
+def _logged_reason(server: TritonServer, name: str, start: int) -> str:
+    """The last error the server logged about ``name`` since ``start`` (the load API is terse)."""
+    path = getattr(server, "log_path", None)
+    if not path or not Path(path).is_file():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(start, f.seek(0, 2) - 64_000))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    errors = [line for line in lines if line.startswith("E") and f"'{name}'" in line]
+    return errors[-1].split("] ", 1)[-1].strip().strip('"') if errors else ""
