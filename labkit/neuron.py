@@ -304,8 +304,9 @@ def _trace(model, inputs, target, args, workdir, dynamic_batch_size):
 def write_perf_data(path: str | os.PathLike, inputs: list[dict], expected: list[dict]) -> Path:
     """An ``--input-data`` JSON with ``data`` and ``validation_data``, as the upstream QA uses.
 
-    ``inputs`` / ``expected``: one dict per step, tensor name -> numpy array (batch dim included
-    for inputs, so ``shape`` is written out; outputs are compared flattened).
+    ``inputs`` / ``expected``: one dict per step, tensor name -> numpy array, shaped as the
+    model's config declares it: without the batch dimension for a batching model (perf_analyzer
+    adds it, ``-b``), with it for dims such as ``-1x4``. Outputs are compared flattened.
     """
     doc = {
         "data": [
