@@ -1,0 +1,212 @@
+"""Memory estimates (parameters x bytes + headroom) and the plan that keeps, replaces or refuses."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+
+import psutil
+import pytest
+
+from labkit import capacity, models
+from labkit.capacity import GIB, Memory
+from labkit.errors import ConfigError
+
+#: A local checkpoint's estimate must be within this of its independently counted weight bytes.
+MARGIN = 0.01
+
+
+@pytest.fixture(scope="module")
+def smollm2_folder():
+    return models.build_weights("smollm2")  # cached after the first build (about 20 s)
+
+
+def small_host(available_gib: float, total_gib: float = 16.0) -> Memory:
+    return Memory("cpu", int(total_gib * GIB), int(available_gib * GIB), "a small test host")
+
+
+def test_smollm2_estimate_is_its_real_parameter_count_times_four_bytes(smollm2_folder):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_folder, dtype=torch.float32)
+    loaded = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+    in_memory = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+
+    est = capacity.estimate("smollm2", device="cpu")
+    assert est.source == f"checkpoint {smollm2_folder}"
+    assert est.parameters == loaded
+    assert (est.dtype, est.bytes_per_parameter) == ("float32", 4)
+    assert est.weights_bytes == pytest.approx(in_memory, rel=MARGIN)
+    file_bytes = (smollm2_folder / "model.safetensors").stat().st_size
+    assert est.weights_bytes == pytest.approx(file_bytes, rel=MARGIN)
+    assert est.parameters == pytest.approx(models.CATALOG["smollm2"].parameters_b * 1e9, rel=MARGIN)
+    expected = est.weights_bytes * 1.2 + capacity.RUNTIME_OVERHEAD_BYTES["cpu"]
+    assert est.needed_bytes == int(expected)
+
+
+def test_gpu_estimate_loads_text_generators_in_float16(smollm2_folder):
+    cpu = capacity.estimate("smollm2", device="cpu")
+    gpu = capacity.estimate("smollm2", device="gpu")
+    assert (gpu.dtype, gpu.bytes_per_parameter) == ("float16", 2)
+    assert gpu.parameters == cpu.parameters
+    assert gpu.weights_bytes * 2 == cpu.weights_bytes
+
+
+def test_embedding_model_is_counted_from_its_package_files():
+    from transformers import AutoModel
+
+    from labkit import embedding
+
+    est = capacity.estimate("minilm", device="gpu")
+    model = AutoModel.from_pretrained(embedding.model_folder())
+    assert est.kind == capacity.EMBEDDING
+    assert est.parameters == sum(p.numel() for p in model.parameters())
+    assert (est.dtype, est.bytes_per_parameter) == ("float32", 4)  # the template keeps float32
+
+
+def test_instances_and_a_dtype_parameter_change_the_estimate(tmp_path):
+    models.add_model(tmp_path, "tiny-falcon", "twice", instance_count=2, dtype="bfloat16")
+    models.prepare_repository(tmp_path)
+    est = capacity.estimate("twice", device="cpu", repository=tmp_path, runtime_bytes=1000)
+    one = capacity.estimate("tiny-falcon", device="cpu", runtime_bytes=1000)
+    assert est.parameters == one.parameters > 3_000_000
+    assert (est.dtype, est.bytes_per_parameter, est.instances) == ("bfloat16", 2, 2)
+    assert est.needed_bytes == int(2 * (est.parameters * 2 * 1.2 + 1000))
+
+
+def test_hub_models_use_the_catalog_count():
+    est = capacity.estimate("falcon7b", device="gpu")
+    assert est.source == "catalog"
+    assert est.parameters == 6_920_000_000
+    assert est.needed_bytes / GIB == pytest.approx(6.92e9 * 2 * 1.2 / GIB + 0.5, rel=1e-3)
+
+
+def test_pytorch_bin_checkpoints_count_shared_tensors_once(tmp_path):
+    import torch
+
+    shared = torch.zeros(2, 4)
+    torch.save(
+        {"embed": shared, "lm_head": shared, "other": torch.zeros(3, 4)},
+        tmp_path / "pytorch_model.bin",
+    )
+    counted = capacity.count_checkpoint(tmp_path)
+    assert (counted.parameters, counted.stored_dtype) == (8 + 12, "float32")
+
+
+def test_a_folder_without_weights_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="holds no .*safetensors"):
+        capacity.count_checkpoint(tmp_path)
+
+
+def test_an_unknown_model_is_named():
+    with pytest.raises(ConfigError, match="'no-such-model'.*neither a model of"):
+        capacity.estimate("no-such-model")
+
+
+def test_everything_fits_on_a_large_host():
+    plan = capacity.plan(["smollm2", "tiny-falcon", "minilm"], memory=small_host(64))
+    assert plan.models == ["smollm2", "tiny-falcon", "minilm"]
+    assert list(plan.table["decision"]) == ["fits"] * 3
+    assert plan.of_kind(capacity.TEXTGEN) == ["smollm2", "tiny-falcon"]
+    assert plan.of_kind(capacity.EMBEDDING) == ["minilm"]
+    assert plan.messages == []
+
+
+def test_a_model_that_does_not_fit_is_replaced_by_the_fallback_with_a_warning(caplog):
+    caplog.set_level(logging.WARNING, logger="labkit.capacity")
+    plan = capacity.plan(["falcon7b", "smollm2"], device="cpu", memory=small_host(4))
+    assert plan.models == ["opt125m", "smollm2"]
+    est = capacity.estimate("falcon7b", device="cpu")
+    [message] = plan.messages
+    for part in ("falcon7b", f"~{est.needed_bytes / GIB:.2f} GiB", "4.00 GiB is left", "opt125m"):
+        assert part in message
+    assert "4.0 GiB free of 16.0 GiB (a small test host)" in message
+    assert message in caplog.text
+    table = plan.table
+    assert table.loc["falcon7b", "decision"] == "replaced by opt125m"
+    assert table.loc["opt125m", "serve as"] == "opt125m"
+
+
+def test_a_model_that_does_not_fit_is_refused_without_a_fallback(caplog):
+    caplog.set_level(logging.WARNING, logger="labkit.capacity")
+    plan = capacity.plan(["persimmon8b", "minilm"], memory=small_host(4), fallback=None)
+    assert plan.models == ["minilm"]
+    assert plan.table.loc["persimmon8b", "decision"] == "refused"
+    assert "persimmon8b needs ~" in caplog.text and "not loading it" in caplog.text
+
+
+def test_models_fill_memory_in_order_and_the_fallback_is_used_once():
+    sizes = {m: capacity.estimate(m, device="cpu").needed_bytes for m in ("smollm2", "opt125m")}
+    room = sizes["smollm2"] + sizes["opt125m"] + GIB // 10
+    plan = capacity.plan(
+        ["smollm2", "falcon7b", "persimmon8b"], memory=Memory("cpu", 2 * room, room, "tight")
+    )
+    assert plan.models == ["smollm2", "opt125m"]
+    assert list(plan.table["decision"]) == [
+        "fits",
+        "replaced by opt125m",
+        "fallback for falcon7b",
+        "refused",
+    ]
+    assert "opt125m is already planned" in plan.messages[-1]
+
+
+def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host():
+    with pytest.raises(ConfigError, match=r"persimmon8b needs ~4\d\.\d\d GiB.*4\.0 GiB free of 16"):
+        capacity.plan(["persimmon8b"], device="cpu", memory=small_host(4), strict=True)
+
+
+def test_a_model_listed_twice_or_a_string_is_an_error():
+    with pytest.raises(ConfigError, match="listed twice"):
+        capacity.plan(["minilm", "minilm"], memory=small_host(64))
+    with pytest.raises(ConfigError, match="one string"):
+        capacity.plan("minilm", memory=small_host(64))
+
+
+def test_the_real_host_is_measured_with_psutil():
+    host = capacity.host_memory()
+    assert host.device == "cpu" and host.total_bytes == psutil.virtual_memory().total
+    assert 0 < host.available_bytes <= host.total_bytes
+    plan = capacity.plan(["persimmon8b"], device="cpu")
+    fits = (
+        capacity.estimate("persimmon8b", device="cpu").needed_bytes <= plan.memory.available_bytes
+    )
+    assert plan.models == (["persimmon8b"] if fits else ["opt125m"])
+
+
+def test_nvidia_smi_output_is_parsed():
+    text = "0, NVIDIA H200, 143771, 143000\n1, NVIDIA H200, 143771, 100000\n"
+    gpus = capacity.parse_nvidia_smi(text)
+    assert [g.description for g in gpus] == ["GPU 0: NVIDIA H200", "GPU 1: NVIDIA H200"]
+    assert gpus[1].available_bytes == 100000 * 2**20 and gpus[0].total_bytes == 143771 * 2**20
+    with pytest.raises(ConfigError, match="unexpected nvidia-smi line"):
+        capacity.parse_nvidia_smi("garbage")
+
+
+def test_without_a_gpu_auto_means_cpu_and_gpu_is_refused():
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this host has nvidia-smi; test_gpu_memory_is_read_from_nvidia_smi covers it")
+    assert capacity.resolve_device("auto") == "cpu"
+    with pytest.raises(ConfigError, match="nvidia-smi reports no NVIDIA GPU"):
+        capacity.device_memory("gpu")
+    with pytest.raises(ConfigError, match="'tpu' is not one of"):
+        capacity.resolve_device("tpu")
+
+
+@pytest.mark.gpu
+def test_gpu_memory_is_read_from_nvidia_smi():
+    gpus = capacity.gpu_memory()
+    if not gpus:
+        pytest.skip("no NVIDIA GPU here")
+    memory = capacity.device_memory("auto")
+    assert memory.device == "gpu" and memory.total_bytes > 1 * GIB
+    assert memory.available_bytes == min(g.available_bytes for g in gpus)
+    plan = capacity.plan(["falcon7b", "persimmon8b"], device="gpu")
+    needed = sum(
+        capacity.estimate(m, device="gpu").needed_bytes for m in ("falcon7b", "persimmon8b")
+    )
+    assert plan.models == ["falcon7b", "persimmon8b"] or needed > memory.available_bytes
+    assert math.isclose(plan.table.loc["falcon7b", "weights (GiB)"], 6.92e9 * 2 / GIB, rel_tol=1e-3)
