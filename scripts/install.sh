@@ -8,8 +8,9 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.labkit-installed
 
-# System packages: libb64 for perf_analyzer; Chromium for the browser test.
-APT_PACKAGES=(libb64-0d chromium)
+# System packages: libb64 for perf_analyzer; Chromium for the browser test; shellcheck for the
+# host-setup script test.
+APT_PACKAGES=(libb64-0d chromium shellcheck)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
