@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, MissingDependencyError, MissingFileError
+from .repository_config import read_config, write_config
 from .settings import cache_dir
 
 log = logging.getLogger(__name__)
@@ -193,25 +194,6 @@ def build_weights(name: str) -> Path:
 
 
 # -- repository preparation --------------------------------------------------------------------
-def read_config(path: str | os.PathLike):
-    """A ``config.pbtxt`` as Triton's ``ModelConfig`` protobuf."""
-    from google.protobuf import text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
-
-    config = model_config_pb2.ModelConfig()
-    try:
-        text_format.Parse(Path(path).read_text(), config)
-    except text_format.ParseError as exc:
-        raise ConfigError(f"{path}: not a valid model config: {exc}") from exc
-    return config
-
-
-def write_config(config, path: str | os.PathLike) -> None:
-    from google.protobuf import text_format  # noqa: PLC0415
-
-    Path(path).write_text(text_format.MessageToString(config))
-
-
 def prepare_repository(repository: str | os.PathLike = "model_repository") -> list[Path]:
     """Build the offline weights each model names (``labkit_weights``) and link them in.
 
@@ -394,7 +376,7 @@ def add_model(
         )
     config = textgen_config(entry, name, **overrides)
     (folder / str(version)).mkdir(parents=True, exist_ok=True)
-    write_config(config, folder / "config.pbtxt")
+    write_config(folder / "config.pbtxt", config)
     shutil.copyfile(TEMPLATE, folder / str(version) / "model.py")
     return folder
 
