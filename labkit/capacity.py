@@ -10,7 +10,8 @@ a machine is too small. This module automates that advice before anything is loa
   it (torch and transformers themselves), once per model instance. The parameter count comes from
   the checkpoint itself when it is on this machine (safetensors headers are read; no weights are
   loaded), otherwise from ``labkit.models``' catalog.
-- :func:`host_memory` / :func:`gpu_memory` say what the machine has (psutil; ``nvidia-smi``).
+- :func:`host_memory` / :func:`gpu_memory` say what the machine has (psutil; ``nvidia-smi``), and
+  :func:`served_memory` what the loaded models really hold (from :mod:`labkit.capacity_host`).
 - :func:`plan` walks a list of models in order, keeps those that fit in what is left, and replaces
   one that does not with a small fallback (``opt125m``) with a logged warning, or refuses it.
 """
@@ -21,135 +22,36 @@ import json
 import logging
 import math
 import os
-import shutil
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import proc
-from .errors import ConfigError, LabkitError
+from .capacity_host import GIB, Memory, device_memory, resolve_device
+from .capacity_host import gpu_memory as gpu_memory  # re-exported, as are the three below
+from .capacity_host import host_memory as host_memory
+from .capacity_host import parse_nvidia_smi as parse_nvidia_smi
+from .capacity_host import served_memory as served_memory
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
 
-GIB = 1024**3
 #: Activations, KV cache and allocator slack on top of the weights (the catalog uses the same).
 HEADROOM = 0.2
 #: What one Python-backend stub costs beyond its weights: Python, torch and transformers
-#: (CPU resident memory, measured near 0.45 GiB on CPU) or the CUDA context (GPU memory).
+#: (measured: 0.37-0.40 GiB resident per stub on CPU) or the CUDA context (GPU memory).
 RUNTIME_OVERHEAD_BYTES = {"cpu": int(0.5 * GIB), "gpu": int(0.5 * GIB)}
-DTYPE_BYTES = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "float8_e4m3fn": 1,
-}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 #: safetensors' dtype codes -> torch dtype names.
-SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I8": "int8",
-    "U8": "uint8",
-    "F8_E4M3": "float8_e4m3fn",
-    "I64": "int64",
-    "I32": "int32",
-    "BOOL": "bool",
-}
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+SAFETENSORS_DTYPES |= {"I8": "int8", "U8": "uint8", "I64": "int64", "I32": "int32", "BOOL": "bool"}
 #: Index buffers some checkpoints store (BERT's position_ids): not parameters, not counted.
 INDEX_DTYPES = ("int64", "int32", "int16", "bool")
-DEVICES = ("auto", "cpu", "gpu")
 TEXTGEN, EMBEDDING = "text generation", "embedding"
-
-
-# -- what the host has --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Memory:
-    """Memory of one device: ``cpu`` (host RAM) or ``gpu`` (the GPU with the least free)."""
-
-    device: str
-    total_bytes: int
-    available_bytes: int
-    description: str
-
-    def __str__(self) -> str:
-        return (
-            f"{self.available_bytes / GIB:.1f} GiB free of {self.total_bytes / GIB:.1f} GiB "
-            f"({self.description})"
-        )
-
-
-def host_memory() -> Memory:
-    """The host's RAM as psutil sees it (``available``: what can be used without swapping)."""
-    import psutil  # noqa: PLC0415
-
-    vm = psutil.virtual_memory()
-    return Memory("cpu", int(vm.total), int(vm.available), f"host RAM, {os.cpu_count()} CPUs")
-
-
-def parse_nvidia_smi(text: str) -> list[Memory]:
-    """Parse ``nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,
-    nounits`` (MiB) into one :class:`Memory` per GPU."""
-    gpus = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 4:
-            raise ConfigError(
-                f"unexpected nvidia-smi line {line!r}; expected index, name, MiB, MiB"
-            )
-        index, name, total, free = fields
-        try:
-            total_b, free_b = int(float(total) * 2**20), int(float(free) * 2**20)
-        except ValueError:
-            raise ConfigError(f"nvidia-smi reported no memory figures in {line!r}") from None
-        gpus.append(Memory("gpu", total_b, free_b, f"GPU {index}: {name}"))
-    return gpus
-
-
-def gpu_memory() -> list[Memory]:
-    """Every NVIDIA GPU's memory from ``nvidia-smi``; an empty list when there is none."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    query = "--query-gpu=index,name,memory.total,memory.free"
-    try:
-        result = proc.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], timeout_s=30)
-    except LabkitError as exc:
-        log.warning("nvidia-smi is installed but failed, so no GPU is counted: %s", exc)
-        return []
-    return parse_nvidia_smi(result.stdout)
-
-
-def resolve_device(device: str = "auto") -> str:
-    """``cpu`` or ``gpu``: ``auto`` is ``gpu`` when nvidia-smi sees one."""
-    if device not in DEVICES:
-        raise ConfigError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "auto":
-        return "gpu" if gpu_memory() else "cpu"
-    return device
-
-
-def device_memory(device: str = "auto") -> Memory:
-    """What ``device`` has. For ``gpu``, the GPU with the least free memory: Triton puts one
-    instance of a GPU model on every GPU, so every GPU must hold it."""
-    device = resolve_device(device)
-    if device == "cpu":
-        return host_memory()
-    gpus = gpu_memory()
-    if not gpus:
-        raise ConfigError(
-            "device='gpu' but nvidia-smi reports no NVIDIA GPU here; use device='cpu' or 'auto'"
-        )
-    return min(gpus, key=lambda g: g.available_bytes)
 
 
 # -- parameter counts ---------------------------------------------------------------------------
@@ -412,6 +314,14 @@ class Plan:
         """The planned models of one kind (``text generation`` or ``embedding``)."""
         kinds = {row["serve as"]: row["kind"] for row in self.rows if row["serve as"]}
         return [m for m in self.models if kinds.get(m) == kind]
+
+    def compare(self, server) -> pd.DataFrame:
+        """The estimate of each served model beside what its stubs hold (:func:`served_memory`)."""
+        needed = {r["serve as"]: r["needed (GiB)"] for r in self.rows if r["serve as"]}
+        frame = served_memory(server)
+        frame.insert(0, "estimated (GiB)", [needed.get(m, float("nan")) for m in frame.index])
+        frame["within estimate"] = frame["resident (GiB)"] <= frame["estimated (GiB)"]
+        return frame
 
     def summary(self) -> str:
         head = f"{self.memory.device}: {self.memory}; loading {', '.join(self.models) or 'none'}"

@@ -210,3 +210,20 @@ def test_gpu_memory_is_read_from_nvidia_smi():
     )
     assert plan.models == ["falcon7b", "persimmon8b"] or needed > memory.available_bytes
     assert math.isclose(plan.table.loc["falcon7b", "weights (GiB)"], 6.92e9 * 2 / GIB, rel_tol=1e-3)
+
+
+@pytest.mark.integration
+def test_served_smollm2_holds_its_weights_and_stays_within_its_estimate(tmp_path, start_server):
+    from labkit import client, lab
+
+    plan = capacity.plan(["smollm2", "tiny-falcon"], device="cpu")
+    repo = lab.prepare_run_repository(tmp_path, models=plan.models)
+    server = start_server(repo, load_models=plan.models)
+    for model in plan.models:  # weights are memory-mapped: answering makes them resident
+        assert client.infer(server.http_url, model, ["Where is the nearest"], max_tokens=2)
+    compared = plan.compare(server)
+    assert list(compared.index) == ["smollm2", "tiny-falcon"]
+    assert list(compared["processes"]) == [1, 1]
+    weights = capacity.estimate("smollm2", device="cpu").weights_bytes / GIB
+    assert compared.loc["smollm2", "resident (GiB)"] > weights
+    assert compared["within estimate"].all(), compared.to_string()
