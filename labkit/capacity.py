@@ -122,6 +122,7 @@ class Estimate:
     model: str
     kind: str
     source: str  # where the parameter count came from
+    device: str  # where the weights live: cpu, or gpu
     parameters: int
     dtype: str
     bytes_per_parameter: int
@@ -156,23 +157,29 @@ class _Source:
     folder: Path | None = None  # the model folder in a repository
     dtype: str = "auto"
     instances: int = 1
+    cpu_only: bool = False  # every instance group is KIND_CPU: host memory even on a GPU host
     builder: str | None = None
     catalog_billions: float | None = None
 
 
 def _from_repository(folder: Path) -> _Source:
+    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
     from .repository_config import read_config  # noqa: PLC0415
 
     cfg = read_config(folder / "config.pbtxt")
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     kind = EMBEDDING if any(o.name == "embedding" for o in cfg.output) else TEXTGEN
     instances = sum(g.count or 1 for g in cfg.instance_group) or 1
+    cpu = model_config_pb2.ModelInstanceGroup.KIND_CPU
+    cpu_only = bool(cfg.instance_group) and all(g.kind == cpu for g in cfg.instance_group)
     return _Source(
         kind,
         params.get("huggingface_model", ""),
         folder,
         params.get("dtype", "auto") or "auto",
         instances,
+        cpu_only,
         params.get("labkit_weights"),
     )
 
@@ -280,11 +287,13 @@ def estimate(
                 "this machine and not in the catalog; download it or add it to labkit.models"
             )
         parameters, stored, where = int(billions * 1e9), None, "catalog"
+    device = "cpu" if src.cpu_only else device
     dtype = _load_dtype(src, device, stored)
     return Estimate(
         model,
         src.kind,
         where,
+        device,
         parameters,
         dtype,
         DTYPE_BYTES[dtype],
@@ -316,11 +325,15 @@ class Plan:
         return [m for m in self.models if kinds.get(m) == kind]
 
     def compare(self, server) -> pd.DataFrame:
-        """The estimate of each served model beside what its stubs hold (:func:`served_memory`)."""
-        needed = {r["serve as"]: r["needed (GiB)"] for r in self.rows if r["serve as"]}
+        """Each served model's estimate beside what its processes hold (:func:`served_memory`):
+        resident host memory for a CPU model, GPU memory for a GPU model."""
+        rows = {r["serve as"]: r for r in self.rows if r["serve as"]}
         frame = served_memory(server)
-        frame.insert(0, "estimated (GiB)", [needed.get(m, float("nan")) for m in frame.index])
-        frame["within estimate"] = frame["resident (GiB)"] <= frame["estimated (GiB)"]
+        planned = [rows.get(m, {}) for m in frame.index]
+        frame.insert(0, "estimated (GiB)", [r.get("needed (GiB)", float("nan")) for r in planned])
+        on_gpu = [r.get("device") == "gpu" for r in planned]
+        frame["measured (GiB)"] = frame["gpu (GiB)"].where(on_gpu, frame["resident (GiB)"])
+        frame["within estimate"] = frame["measured (GiB)"] <= frame["estimated (GiB)"]
         return frame
 
     def summary(self) -> str:
@@ -332,6 +345,7 @@ def _row(est: Estimate, free: int, decision: str, serve_as: str) -> dict:
     return {
         "model": est.model,
         "kind": est.kind,
+        "device": est.device,
         "parameters (M)": round(est.parameters / 1e6, 1),
         "dtype": est.dtype,
         "weights (GiB)": round(est.weights_bytes / GIB, 3),
@@ -366,44 +380,50 @@ def plan(
     if repeated:
         raise ConfigError(f"models {repeated} are listed twice; name each model once")
     memory = memory or device_memory(device)
-    free = memory.available_bytes
     chosen = Plan([], memory)
+    pools = {memory.device: memory}  # a KIND_CPU model on a GPU host takes host memory
+    free = {memory.device: memory.available_bytes}
+
+    def check(model: str) -> tuple[Estimate, Memory, int]:
+        est = estimate(model, device=memory.device, repository=repository, headroom=headroom)
+        if est.device not in pools:
+            pools[est.device] = host_memory()
+            free[est.device] = pools[est.device].available_bytes
+        return est, pools[est.device], free[est.device]
+
     for name in models:
-        est = estimate(name, device=memory.device, repository=repository, headroom=headroom)
-        if est.needed_bytes <= free:
-            chosen.rows.append(_row(est, free, "fits", name))
+        est, pool, left = check(name)
+        if est.needed_bytes <= left:
+            chosen.rows.append(_row(est, left, "fits", name))
             chosen.models.append(name)
-            free -= est.needed_bytes
+            free[est.device] -= est.needed_bytes
             continue
         problem = (
-            f"{est.describe()}, but only {free / GIB:.2f} GiB is left for it on the "
-            f"{memory.device}: {memory}"
+            f"{est.describe()}, but only {left / GIB:.2f} GiB is left for it on the "
+            f"{pool.device}: {pool}"
         )
         if strict:
             raise ConfigError(
                 f"{problem}; choose a smaller model (such as {fallback or 'opt125m'}), "
                 "free memory, or use a larger device"
             )
-        substitute, why = None, ""
+        sub, why = None, ""
         if fallback and fallback != name:
             if fallback in chosen.models or fallback in models:
                 why = f"{fallback} is already planned"
             else:
-                sub = estimate(
-                    fallback, device=memory.device, repository=repository, headroom=headroom
-                )
-                if sub.needed_bytes <= free:
-                    substitute = sub
-                else:
+                sub, _, sub_left = check(fallback)
+                if sub.needed_bytes > sub_left:
                     why = f"{fallback} does not fit either: it needs ~{sub.needed_bytes / GIB:.2f} GiB"
-        if substitute is not None:
-            chosen.rows.append(_row(est, free, f"replaced by {fallback}", ""))
-            chosen.rows.append(_row(substitute, free, f"fallback for {name}", fallback))
+                    sub = None
+        if sub is not None:
+            chosen.rows.append(_row(est, left, f"replaced by {fallback}", ""))
+            chosen.rows.append(_row(sub, free[sub.device], f"fallback for {name}", fallback))
             chosen.models.append(fallback)
-            free -= substitute.needed_bytes
-            message = f"{problem}; serving {fallback} instead ({substitute.describe()})"
+            free[sub.device] -= sub.needed_bytes
+            message = f"{problem}; serving {fallback} instead ({sub.describe()})"
         else:
-            chosen.rows.append(_row(est, free, "refused", ""))
+            chosen.rows.append(_row(est, left, "refused", ""))
             message = f"{problem}; not loading it" + (f" ({why})" if why else "")
         log.warning(message)
         chosen.messages.append(message)

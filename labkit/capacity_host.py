@@ -113,12 +113,31 @@ def device_memory(device: str = "auto") -> Memory:
 
 
 # -- what the served models hold ----------------------------------------------------------------
-def served_memory(server: TritonServer) -> pd.DataFrame:
-    """Resident memory (RSS) of each served model's stub processes on a local server.
+def gpu_memory_by_pid() -> dict[int, int]:
+    """GPU memory (bytes) each process uses, from ``nvidia-smi --query-compute-apps``."""
+    if not shutil.which("nvidia-smi"):
+        return {}
+    query = "--query-compute-apps=pid,used_memory"
+    try:
+        out = proc.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], timeout_s=30).stdout
+    except LabkitError as exc:
+        log.warning("nvidia-smi could not list GPU processes: %s", exc)
+        return {}
+    used: dict[int, int] = {}
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and mib.strip().replace(".", "", 1).isdigit():
+            used[int(pid)] = used.get(int(pid), 0) + int(float(mib) * 2**20)
+    return used
 
-    A stub's command line names the ``model.py`` it runs (``<repo>/<model>/<version>/model.py``);
-    the resident set includes weights that are memory-mapped from the checkpoint once they have
-    been read, so measure after the model has answered a request.
+
+def served_memory(server: TritonServer) -> pd.DataFrame:
+    """Memory of each served model's stub processes on a local server: resident host memory
+    (RSS) and GPU memory (``nvidia-smi``; 0 without a GPU).
+
+    A stub's command line names the ``model.py`` it runs (``<repo>/<model>/<version>/model.py``).
+    The resident set includes weights memory-mapped from the checkpoint once they have been read,
+    so measure after the model has answered a request.
     """
     import pandas as pd  # noqa: PLC0415
     import psutil  # noqa: PLC0415
@@ -128,7 +147,8 @@ def served_memory(server: TritonServer) -> pd.DataFrame:
             f"{server!r} runs no local process (remote or stopped); served_memory() measures "
             "the stub processes of a server started here"
         )
-    totals: dict[str, list[int]] = {}
+    on_gpu = gpu_memory_by_pid()
+    totals: dict[str, list[tuple[int, int]]] = {}
     for child in psutil.Process(server.pid).children(recursive=True):
         try:
             argv = child.cmdline()
@@ -138,9 +158,10 @@ def served_memory(server: TritonServer) -> pd.DataFrame:
         except psutil.Error:  # a stub that ended meanwhile
             continue
         name = Path(argv[1]).parent.parent.name
-        totals.setdefault(name, []).append(rss)
+        totals.setdefault(name, []).append((rss, on_gpu.get(child.pid, 0)))
+    columns = ["model", "processes", "resident (GiB)", "gpu (GiB)"]
     rows = [
-        {"model": m, "processes": len(r), "resident (GiB)": round(sum(r) / GIB, 3)}
+        (m, len(r), round(sum(x for x, _ in r) / GIB, 3), round(sum(g for _, g in r) / GIB, 3))
         for m, r in sorted(totals.items())
     ]
-    return pd.DataFrame(rows, columns=["model", "processes", "resident (GiB)"]).set_index("model")
+    return pd.DataFrame(rows, columns=columns).set_index("model")

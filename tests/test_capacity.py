@@ -159,6 +159,19 @@ def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host():
         capacity.plan(["persimmon8b"], device="cpu", memory=small_host(4), strict=True)
 
 
+def test_a_cpu_only_model_on_a_gpu_host_is_charged_to_host_memory():
+    gpu = Memory("gpu", 80 * GIB, 1 * GIB, "GPU 0: a small test GPU")
+    plan = capacity.plan(["minilm", "smollm2"], memory=gpu)  # minilm's config says KIND_CPU
+    table = plan.table
+    assert table.loc["minilm", "device"] == "cpu" and table.loc["smollm2", "device"] == "gpu"
+    assert table.loc["smollm2", "dtype"] == "float16"
+    assert table.loc["minilm", "free before (GiB)"] == pytest.approx(
+        capacity.host_memory().available_bytes / GIB, abs=0.5
+    )
+    assert table.loc["smollm2", "free before (GiB)"] == 1.0
+    assert plan.models == ["minilm", "smollm2"]
+
+
 def test_a_model_listed_twice_or_a_string_is_an_error():
     with pytest.raises(ConfigError, match="listed twice"):
         capacity.plan(["minilm", "minilm"], memory=small_host(64))
@@ -216,7 +229,8 @@ def test_gpu_memory_is_read_from_nvidia_smi():
 def test_served_smollm2_holds_its_weights_and_stays_within_its_estimate(tmp_path, start_server):
     from labkit import client, lab
 
-    plan = capacity.plan(["smollm2", "tiny-falcon"], device="cpu")
+    device = capacity.resolve_device("auto")  # a GPU host serves the text generators on its GPU
+    plan = capacity.plan(["smollm2", "tiny-falcon"], device=device)
     repo = lab.prepare_run_repository(tmp_path, models=plan.models)
     server = start_server(repo, load_models=plan.models)
     for model in plan.models:  # weights are memory-mapped: answering makes them resident
@@ -224,6 +238,8 @@ def test_served_smollm2_holds_its_weights_and_stays_within_its_estimate(tmp_path
     compared = plan.compare(server)
     assert list(compared.index) == ["smollm2", "tiny-falcon"]
     assert list(compared["processes"]) == [1, 1]
-    weights = capacity.estimate("smollm2", device="cpu").weights_bytes / GIB
-    assert compared.loc["smollm2", "resident (GiB)"] > weights
+    column = "gpu (GiB)" if device == "gpu" else "resident (GiB)"
+    assert (compared["measured (GiB)"] == compared[column]).all()
+    weights = capacity.estimate("smollm2", device=device).weights_bytes / GIB
+    assert compared.loc["smollm2", "measured (GiB)"] > weights, compared.to_string()
     assert compared["within estimate"].all(), compared.to_string()
