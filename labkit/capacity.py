@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 
 #: Activations, KV cache and allocator slack on top of the weights (the catalog uses the same).
 HEADROOM = 0.2
-#: What one Python-backend stub costs beyond its weights: Python, torch and transformers
-#: (measured: 0.37-0.40 GiB resident per stub on CPU) or the CUDA context (GPU memory).
-RUNTIME_OVERHEAD_BYTES = {"cpu": int(0.5 * GIB), "gpu": int(0.5 * GIB)}
+#: What one Python-backend stub costs beyond its weights: Python, torch and transformers in host
+#: memory (measured: 0.37-0.40 GiB resident per stub on CPU), or on a GPU the CUDA context and
+#: PyTorch's caching-allocator slack (not measured on a GPU yet: a conservative 1 GiB).
+RUNTIME_OVERHEAD_BYTES = {"cpu": int(0.5 * GIB), "gpu": int(1.0 * GIB)}
 DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1}
 #: safetensors' dtype codes -> torch dtype names.
 SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
