@@ -185,8 +185,12 @@ def curl_command(
     batched: bool = False,
     **params: object,
 ) -> str:
-    """The tutorial's curl line for this request, ready to paste into a terminal."""
-    if endpoint == "generate":
+    """The tutorial's curl line for this request, ready to paste into a terminal.
+
+    ``endpoint``: ``infer``, ``generate``, or ``generate_stream`` (a streaming model's
+    server-sent events; ``-N`` makes curl print each event as it arrives).
+    """
+    if endpoint in ("generate", "generate_stream"):
         body: dict = {INPUT_NAME: prompt, **params}
     elif endpoint == "infer":
         shape = [1, 1] if batched else [1]
@@ -196,6 +200,9 @@ def curl_command(
         if params:
             body["parameters"] = params
     else:
-        raise ConfigError(f"endpoint {endpoint!r} is not supported; use 'infer' or 'generate'")
+        raise ConfigError(
+            f"endpoint {endpoint!r} is not supported; use 'infer', 'generate' or 'generate_stream'"
+        )
     target = f"{_address(url)}/v2/models/{model}/{endpoint}"
-    return f"curl -X POST {target} -d {shlex.quote(json.dumps(body))}"
+    flags = "-N " if endpoint == "generate_stream" else ""
+    return f"curl {flags}-X POST {target} -d {shlex.quote(json.dumps(body))}"

@@ -310,6 +310,7 @@ def textgen_config(
     max_queue_delay_us: int = 0,
     instance_count: int = 1,
     kind: str | None = None,
+    decoupled: bool = False,
     **defaults: object,
 ):
     """The ``ModelConfig`` of a text-generation model folder for ``entry``.
@@ -317,6 +318,8 @@ def textgen_config(
     Inputs and outputs have ``dims: [-1]``: shape ``[1]``/``[N]`` without batching and
     ``[1, 1]``/``[N, 1]`` with it both fit. ``defaults`` become generation parameters
     (``max_tokens=32``...). ``kind`` is ``KIND_CPU``/``KIND_GPU``, or None for Triton's choice.
+    ``decoupled=True`` makes a streaming model (``/generate_stream``, gRPC streaming): the same
+    ``model.py`` sends one response per token.
     """
     from tritonclient.grpc import model_config_pb2 as pb  # noqa: PLC0415
 
@@ -329,6 +332,8 @@ def textgen_config(
     config.output.add(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])
     if dynamic_batching:
         config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
     if kind or instance_count != 1:
         group = config.instance_group.add(count=instance_count)
         if kind:

@@ -22,6 +22,15 @@ go through ONE ``generate`` call (left padding, attention mask), so dynamic batc
 prompt's greedy answer in a batch equals its answer alone. A bad request gets an error response
 that names the problem (HTTP 400), and the model keeps serving.
 
+Streaming: when config.pbtxt has ``model_transaction_policy { decoupled: true }`` the same code
+streams. Each request then gets one response per generated token, whose ``text_output`` holds
+the text that token added (empty while a multi-byte character is incomplete), and a closing
+response flagged final holding whatever text remains (usually empty); a request's pieces joined
+are exactly its non-streaming answer (with ``return_full_text`` the prompt comes with the first
+piece). Triton serves such a model over ``/v2/models/<m>/generate_stream`` (server-sent events)
+and gRPC streaming. A bad request gets its error response, flagged final, as in the
+non-streaming path.
+
 The hub token comes from ``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or ``PRIVATE_REPO_TOKEN`` (the
 tutorial's name), in that order; it is never logged. Downloads are cached under ``HF_HOME``.
 """
@@ -38,6 +47,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.generation.streamers import BaseStreamer
 
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN")
 INPUT_NAME = "text_input"
@@ -230,11 +240,102 @@ def _error(message: str, code=None):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
+def _texts(texts: list[str], shape) -> pb_utils.InferenceResponse:
+    out = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(shape)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(OUTPUT_NAME, out)])
+
+
+def stable_piece(text: str, emitted: str) -> str:
+    """What of ``text`` (the answer so far) can be sent after ``emitted`` without taking back.
+
+    A trailing U+FFFD is a character whose bytes have not all arrived yet: it waits. Text that
+    no longer starts with what was sent (a tokenizer rewrote earlier text) waits for the end.
+    """
+    text = text.rstrip("\ufffd")
+    return text[len(emitted) :] if text.startswith(emitted) else ""
+
+
+class PieceStreamer(BaseStreamer):
+    """Sends each request of a generate batch the text each new token adds, as it is made.
+
+    ``members``: ``(response sender, input shape, prompts, token ids, return_full_text)`` per
+    request, in the order their prompts are in the batch. ``decode(prompt_ids, new_ids)`` is the
+    same function that makes the non-streaming answer, so the pieces add up to that answer.
+    """
+
+    def __init__(self, members: list, decode) -> None:
+        self.members = members
+        self.decode = decode
+        self.rows = [(m, i) for m, member in enumerate(members) for i in range(len(member[2]))]
+        self.new: list[list[int]] = [[] for _ in self.rows]
+        self.done = [False] * len(self.rows)
+        self.emitted = [""] * len(self.rows)
+        self.sent = [False] * len(members)
+        self.eos_ids: set[int] = set()
+        self.prompt_seen = False
+
+    def _prefix(self, m: int, i: int) -> str:
+        _sender, _shape, prompts, _ids, full = self.members[m]
+        return prompts[i] if full and not self.sent[m] else ""
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() first passes the prompt batch
+            self.prompt_seen = True
+            return
+        tokens = value.reshape(-1).tolist()
+        pieces: dict[int, list[str]] = {}
+        for row, token in enumerate(tokens):
+            if self.done[row]:
+                continue
+            m, i = self.rows[row]
+            if token in self.eos_ids:
+                self.done[row] = True
+                continue
+            self.new[row].append(token)
+            text = self.decode(self.members[m][3][i], self.new[row])
+            piece = stable_piece(text, self.emitted[row])
+            self.emitted[row] += piece
+            pieces.setdefault(m, [""] * len(self.members[m][2]))[i] = piece
+        for m, texts in pieces.items():
+            texts = [self._prefix(m, i) + t for i, t in enumerate(texts)]
+            self.members[m][0].send(_texts(texts, self.members[m][1]))
+            self.sent[m] = True
+
+    def end(self) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for m, (sender, shape, prompts, ids, _full) in enumerate(self.members):
+            texts = []
+            for i in range(len(prompts)):
+                row = self.rows.index((m, i))
+                whole = self.decode(ids[i], self.new[row])
+                if not whole.startswith(self.emitted[row]):  # cannot happen with HF tokenizers
+                    pb_utils.Logger.log_warn(f"streamed text diverged from {whole!r}")
+                rest = (
+                    whole[len(self.emitted[row]) :] if whole.startswith(self.emitted[row]) else ""
+                )
+                texts.append(self._prefix(m, i) + rest)
+            sender.send(_texts(texts, shape), flags=final)
+
+
+class _NoEnd(BaseStreamer):
+    """Passes generate()'s tokens on and leaves ``end`` to the caller."""
+
+    def __init__(self, streamer: BaseStreamer) -> None:
+        self.streamer = streamer
+
+    def put(self, value) -> None:
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        pass
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.logger = pb_utils.Logger
         config = json.loads(args["model_config"])
         self.name = config.get("name", args.get("model_name", "model"))
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         if "huggingface_model" not in params:
             raise RequestError(
@@ -287,7 +388,7 @@ class TritonPythonModel:
         self.context = context_length(self.model, self.tokenizer)
         self.logger.log_info(
             f"{self.name}: loaded {source} on {self.device} as {dtype}, context {self.context}, "
-            f"defaults {self.defaults}"
+            f"defaults {self.defaults}, {'streaming' if self.decoupled else 'not streaming'}"
         )
 
     # -- requests ----------------------------------------------------------------------------
@@ -345,18 +446,28 @@ class TritonPythonModel:
                 )
         return array, prompts, ids, settings, full
 
-    def execute(self, requests):
-        responses = [None] * len(requests)
+    def _group(self, requests, refuse) -> dict:
+        """Valid requests grouped by settings; ``refuse(r, message)`` answers each invalid one."""
         groups: dict[Settings, list] = {}
         for r, request in enumerate(requests):
             try:
                 array, prompts, ids, settings, full = self._read_request(request)
             except RequestError as exc:
-                responses[r] = _error(str(exc))
+                refuse(r, str(exc))
                 continue
             groups.setdefault(settings, []).append((r, array.shape, prompts, ids, full))
+        return groups
 
-        for settings, members in groups.items():
+    def execute(self, requests):
+        if self.decoupled:
+            self._execute_streaming(requests)
+            return None
+        responses = [None] * len(requests)
+
+        def refuse(r: int, message: str) -> None:
+            responses[r] = _error(message)
+
+        for settings, members in self._group(requests, refuse).items():
             all_ids = [seq for m in members for seq in m[3]]
             try:
                 completions = self.generate_ids(all_ids, settings)
@@ -373,16 +484,42 @@ class TritonPythonModel:
                 start += len(prompts)
                 if full:
                     texts = [p + t for p, t in zip(prompts, texts, strict=True)]
-                out = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(shape)
-                responses[r] = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(OUTPUT_NAME, out)]
-                )
+                responses[r] = _texts(texts, shape)
         return responses
+
+    def _execute_streaming(self, requests) -> None:
+        """Decoupled mode: each request's pieces go out through its own response sender."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        senders = [request.get_response_sender() for request in requests]
+
+        def refuse(r: int, message: str) -> None:
+            senders[r].send(_error(message), flags=final)
+
+        for settings, members in self._group(requests, refuse).items():
+            streamer = PieceStreamer([(senders[r], *rest) for r, *rest in members], self.completion)
+            streamer.eos_ids = self.eos_ids
+            try:
+                self.generate_ids([seq for m in members for seq in m[3]], settings, streamer)
+                streamer.end()
+            except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
+                self.logger.log_error(f"{self.name}: generate failed: {exc!r}")
+                error = f"generation failed: {exc}"
+                for r, *_ in members:
+                    try:
+                        senders[r].send(_error(error, pb_utils.TritonError.INTERNAL), flags=final)
+                    except Exception as lost:  # noqa: BLE001 (the request is gone, e.g. cancelled)
+                        self.logger.log_warn(f"{self.name}: cannot send the error: {lost!r}")
 
     # -- generation --------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate_ids(self, ids: list[list[int]], settings: Settings) -> list[str]:
-        """Generate for all token sequences at once; return each one's new text."""
+    def generate_ids(
+        self, ids: list[list[int]], settings: Settings, streamer: BaseStreamer | None = None
+    ) -> list[str]:
+        """Generate for all token sequences at once; return each one's new text.
+
+        With a ``streamer``, generate() hands it each new token as it is made; the streamer's
+        ``end`` is left to the caller, so that a failed generate sends errors, not a last piece.
+        """
         batch = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
         config = GenerationConfig(
@@ -398,7 +535,8 @@ class TritonPythonModel:
             config.top_p = settings.top_p
             if settings.seed is not None:
                 torch.manual_seed(settings.seed)
-        output = self.model.generate(**batch, generation_config=config)
+        hook = None if streamer is None else _NoEnd(streamer)
+        output = self.model.generate(**batch, generation_config=config, streamer=hook)
         width = batch["input_ids"].shape[1]
         texts = []
         for seq, prompt in zip(output, ids, strict=True):
@@ -407,14 +545,16 @@ class TritonPythonModel:
                 if token in self.eos_ids:
                     new = new[:i]
                     break
-            head = self.tokenizer.decode(prompt, skip_special_tokens=True)
-            whole = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
-            texts.append(
-                whole[len(head) :]
-                if whole.startswith(head)
-                else self.tokenizer.decode(new, skip_special_tokens=True)
-            )
+            texts.append(self.completion(prompt, new))
         return texts
+
+    def completion(self, prompt: list[int], new: list[int]) -> str:
+        """The text ``new`` adds after ``prompt`` (decoded together: spaces come out right)."""
+        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
+        whole = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
+        if whole.startswith(head):
+            return whole[len(head) :]
+        return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def finalize(self) -> None:
         self.model = None

@@ -1,0 +1,319 @@
+"""Token streaming from a decoupled text-generation model: pieces as they arrive, and timings.
+
+A model whose config says ``model_transaction_policy { decoupled: true }`` (the lab's
+``smollm2_stream``: the same ``model.py`` and weights as ``smollm2``) answers a request with one
+response per generated token and a closing one. Triton serves it two ways, both here:
+
+- HTTP: ``POST /v2/models/<model>/generate_stream`` with the same JSON as ``/generate``; the
+  answer is server-sent events (``data: {...}`` lines), one per response;
+- gRPC: a bidirectional stream (``tritonclient.grpc`` ``start_stream`` / ``async_stream_infer``).
+
+>>> for piece in stream(server.http_url, "smollm2_stream", "I am going"):
+...     print(piece, end="", flush=True)
+>>> measure(server.grpc_url, "smollm2_stream", "I am going", protocol="grpc")
+StreamStats(16 tokens, first after 0.21 s, 9.8 tokens/s after it, 1.74 s in all)
+
+Errors are :class:`labkit.errors.InferenceError` with the server's own reason, as in
+:mod:`labkit.client`; a request the model refuses ends its stream, and the next one works.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .client import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    _address,
+    _client,
+    _refused,
+    _unreachable,
+    model_batches,
+)
+from .errors import ConfigError, InferenceError
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("http", "grpc")
+#: The name notebooks give the streaming twin of a model folder.
+STREAM_SUFFIX = "_stream"
+
+
+@dataclass(frozen=True)
+class Response:
+    """One response of a stream: its text piece (may be empty) and when it arrived."""
+
+    text: str
+    arrived_s: float  # seconds since the request was sent
+    final: bool = False  # known over gRPC; over HTTP the last event is the final one
+
+
+def _timed_out(url: str, model: str, timeout_s: float) -> InferenceError:
+    error = InferenceError(
+        f"model {model!r} at {url!r} sent nothing for {timeout_s:g} s; the server may be "
+        "overloaded or the generation too long: pass a larger timeout_s or a smaller max_tokens"
+    )
+    error.status = None
+    error.server_message = ""
+    return error
+
+
+def _sse_error(body: str) -> str:
+    """The ``error`` text of an SSE or JSON error body (Triton sends ``data: {"error": ...}``)."""
+    text = body.strip()
+    if text.startswith("data:"):
+        text = text[len("data:") :].strip()
+    try:
+        return str(json.loads(text).get("error", text))
+    except (ValueError, AttributeError):
+        return body.strip()
+
+
+def _http_responses(
+    url: str, model: str, prompt: str, timeout_s: float, params: dict[str, Any]
+) -> Iterator[Response]:
+    body = json.dumps({INPUT_NAME: prompt, **params}).encode("utf-8")
+    request = urllib.request.Request(
+        f"http://{_address(url)}/v2/models/{model}/generate_stream",
+        data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+    )
+    started = time.perf_counter()
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:
+        raise _refused(model, exc.code, _sse_error(exc.read().decode("utf-8", "replace"))) from None
+    except TimeoutError:
+        raise _timed_out(url, model, timeout_s) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise _unreachable(url, exc) from None
+    with response:
+        data: list[str] = []
+        while True:
+            try:
+                line = response.readline()
+            except TimeoutError:
+                raise _timed_out(url, model, timeout_s) from None
+            text = line.decode("utf-8").rstrip("\r\n")
+            if text.startswith("data:"):
+                data.append(text[len("data:") :].lstrip(" "))
+                continue
+            if text or not data:  # a comment or other field, or a blank line between events
+                if not line:
+                    return
+                continue
+            event = json.loads("\n".join(data))
+            data = []
+            if "error" in event:
+                raise _refused(model, "in stream", str(event["error"]))
+            piece = event.get(OUTPUT_NAME, "")
+            if isinstance(piece, list):  # a request of several prompts
+                piece = "\n".join(map(str, piece))
+            yield Response(str(piece), time.perf_counter() - started)
+
+
+def _grpc_responses(
+    url: str,
+    model: str,
+    prompt: str,
+    timeout_s: float,
+    batched: bool | None,
+    params: dict[str, Any],
+) -> Iterator[Response]:
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    if batched is None:
+        batched = model_batches(url, model, "grpc")
+    module, client = _client(url, "grpc")
+    arrived: queue.Queue = queue.Queue()
+    array = np.array([prompt.encode("utf-8")], dtype=np.object_)
+    array = array.reshape(1, 1) if batched else array
+    tensor = module.InferInput(INPUT_NAME, list(array.shape), "BYTES")
+    tensor.set_data_from_numpy(array)
+
+    def refused(exc: InferenceServerException) -> InferenceError:
+        status = exc.status()
+        if status is not None and "unavailable" in str(status).lower():
+            return _unreachable(url, exc)
+        # an error response on an open stream carries only its message, no status
+        return _refused(model, status or "in stream", exc.message())
+
+    try:
+        client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+        started = time.perf_counter()
+        client.async_stream_infer(
+            model,
+            [tensor],
+            outputs=[module.InferRequestedOutput(OUTPUT_NAME)],
+            parameters=params or None,
+            enable_empty_final_response=True,
+        )
+        while True:
+            try:
+                result, error = arrived.get(timeout=timeout_s)
+            except queue.Empty:
+                raise _timed_out(url, model, timeout_s) from None
+            if error is not None:
+                raise refused(error)
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            output = result.as_numpy(OUTPUT_NAME)
+            pieces = [] if output is None else output.reshape(-1).tolist()
+            text = "\n".join(p.decode("utf-8") if isinstance(p, bytes) else str(p) for p in pieces)
+            yield Response(text, time.perf_counter() - started, final)
+            if final:
+                return
+    except InferenceServerException as exc:
+        raise refused(exc) from None
+    finally:
+        try:
+            client.stop_stream(cancel_requests=True)
+        finally:
+            client.close()
+
+
+def responses(
+    url: str,
+    model: str,
+    prompt: str,
+    protocol: str = "http",
+    *,
+    batched: bool | None = None,
+    timeout_s: float = 600.0,
+    **params: Any,
+) -> Iterator[Response]:
+    """Every response of the stream, empty pieces included, with its arrival time.
+
+    ``timeout_s`` bounds the wait for each response; ``batched`` (gRPC only) says whether the
+    model has a batch dimension, asked from the server when None.
+    """
+    if not isinstance(prompt, str):
+        raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+    if protocol == "http":
+        return _http_responses(url, model, prompt, timeout_s, params)
+    if protocol == "grpc":
+        return _grpc_responses(url, model, prompt, timeout_s, batched, params)
+    raise ConfigError(f"protocol {protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
+
+
+def stream(
+    url: str,
+    model: str,
+    prompt: str,
+    protocol: str = "http",
+    *,
+    batched: bool | None = None,
+    timeout_s: float = 600.0,
+    **params: Any,
+) -> Iterator[str]:
+    """Yield the text pieces of ``model``'s answer to ``prompt`` as they arrive.
+
+    ``url`` is ``server.http_url`` or ``server.grpc_url`` to match ``protocol``; ``params`` are
+    request parameters (``max_tokens=32, temperature=0.7``). Joined, the pieces are the answer
+    the same model gives without streaming.
+    """
+    for response in responses(
+        url, model, prompt, protocol, batched=batched, timeout_s=timeout_s, **params
+    ):
+        if response.text:
+            yield response.text
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """What one streamed answer took. ``tokens`` counts the responses that carried a token.
+
+    ``tokens_per_s`` is the generation rate after the first token: ``(tokens - 1)`` divided by
+    the time from the first to the last token (NaN with fewer than two tokens).
+    """
+
+    text: str
+    tokens: int
+    ttft_s: float
+    total_s: float
+    tokens_per_s: float
+    pieces: list[str] = field(repr=False, default_factory=list)
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamStats({self.tokens} tokens, first after {self.ttft_s:.2f} s, "
+            f"{self.tokens_per_s:.1f} tokens/s after it, {self.total_s:.2f} s in all)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+            "total_s": round(self.total_s, 4),
+        }
+
+
+def measure(
+    url: str,
+    model: str,
+    prompt: str,
+    protocol: str = "http",
+    *,
+    batched: bool | None = None,
+    timeout_s: float = 600.0,
+    **params: Any,
+) -> StreamStats:
+    """Stream one answer and time it: time to first token, tokens per second, the full text.
+
+    Relies on the lab model's protocol: one response per token, then a closing response.
+    """
+    if protocol == "grpc" and batched is None:
+        batched = model_batches(url, model, "grpc")  # asked before the clock starts
+    started = time.perf_counter()
+    got = list(
+        responses(url, model, prompt, protocol, batched=batched, timeout_s=timeout_s, **params)
+    )
+    total = time.perf_counter() - started
+    if not got:
+        raise InferenceError(
+            f"model {model!r} closed the stream without a response; is it a decoupled "
+            "(streaming) model? Its config needs model_transaction_policy { decoupled: true }"
+        )
+    tokens = got[:-1]  # the last response closes the stream and carries no token
+    first = tokens[0].arrived_s if tokens else got[0].arrived_s
+    rate = (len(tokens) - 1) / (tokens[-1].arrived_s - first) if len(tokens) > 1 else float("nan")
+    pieces = [r.text for r in got if r.text]
+    return StreamStats("".join(pieces), len(tokens), first, total, rate, pieces)
+
+
+def is_streaming(url: str, model: str, timeout_s: float = 10.0) -> bool | None:
+    """Whether ``model``'s config is decoupled (it streams); None when it cannot be read."""
+    try:
+        with urllib.request.urlopen(
+            f"http://{_address(url)}/v2/models/{model}/config", timeout=timeout_s
+        ) as response:
+            config = json.loads(response.read())
+    except (OSError, ValueError) as exc:
+        log.debug("cannot read the config of %r from %s: %s", model, url, exc)
+        return None
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def serve_streaming_twin(server: Any, model: str) -> str | None:
+    """Load ``<model>_stream`` if the server's repository has it; return its name, else None.
+
+    The lab's repository holds ``smollm2_stream`` beside ``smollm2``: the same code and weights,
+    decoupled. A model without such a folder (a catalog model added to a run) gets None.
+    """
+    twin = model + STREAM_SUFFIX
+    states = {m["name"]: m.get("state", "") for m in server.model_index()}
+    if twin not in states:
+        return None
+    if states[twin] != "READY":
+        server.load_model(twin)
+    return twin
