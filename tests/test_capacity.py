@@ -160,7 +160,7 @@ def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host():
 
 
 def test_a_cpu_only_model_on_a_gpu_host_is_charged_to_host_memory():
-    gpu = Memory("gpu", 80 * GIB, 1 * GIB, "GPU 0: a small test GPU")
+    gpu = Memory("gpu", 80 * GIB, 2 * GIB, "GPU 0: a small test GPU")
     plan = capacity.plan(["minilm", "smollm2"], memory=gpu)  # minilm's config says KIND_CPU
     table = plan.table
     assert table.loc["minilm", "device"] == "cpu" and table.loc["smollm2", "device"] == "gpu"
@@ -168,7 +168,7 @@ def test_a_cpu_only_model_on_a_gpu_host_is_charged_to_host_memory():
     assert table.loc["minilm", "free before (GiB)"] == pytest.approx(
         capacity.host_memory().available_bytes / GIB, abs=0.5
     )
-    assert table.loc["smollm2", "free before (GiB)"] == 1.0
+    assert table.loc["smollm2", "free before (GiB)"] == 2.0
     assert plan.models == ["minilm", "smollm2"]
 
 
