@@ -158,8 +158,13 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
     }
     if s.string_data is not None:
         flags["string-data"] = s.string_data
-    if s.shapes:
-        flags["shape"] = [f"{k}:{','.join(map(str, v))}" for k, v in s.shapes.items()]
+    if len(s.shapes) > 1:
+        raise ConfigError(
+            f"Model Analyzer takes one --shape here, got {len(s.shapes)}: {s.shapes}; pass the "
+            "others through extra={'perf_analyzer_flags': {...}} or an input_data JSON"
+        )
+    for tensor, dims in s.shapes.items():
+        flags["shape"] = f"{tensor}:{','.join(map(str, dims))}"
     config = {
         "model_repository": str(Path(repository).resolve()),
         "profile_models": {

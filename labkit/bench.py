@@ -48,10 +48,10 @@ class BatchingSettings:
     string_data: str = "Where is the nearest"
     request_parameters: dict = field(default_factory=dict)
     measurement_mode: str = "count_windows"
-    measurement_request_count: int | None = None  # default: 2 x concurrency
+    measurement_request_count: int | None = None  # default: the concurrency
     measurement_interval_ms: int = 5000
     stability_percentage: float = 30.0
-    max_trials: int = 6
+    max_trials: int = 4
     startup_timeout_s: float = 600.0
     timeout_s: float = 900.0
 
@@ -126,7 +126,7 @@ def _measure(
         shapes={_input_name(server, s.model): [1]},
         request_parameters=s.request_parameters,
         measurement_mode=s.measurement_mode,
-        measurement_request_count=s.measurement_request_count or 2 * s.concurrency,
+        measurement_request_count=s.measurement_request_count or s.concurrency,
         measurement_interval_ms=s.measurement_interval_ms,
         stability_percentage=s.stability_percentage,
         max_trials=s.max_trials,

@@ -214,6 +214,11 @@ def perf_analyzer(
         raise ConfigError(
             f"measurement_mode must be 'time_windows' or 'count_windows', got {measurement_mode!r}"
         )
+    if request_parameters and protocol != "grpc":
+        raise ConfigError(
+            f"request_parameters {dict(request_parameters)} need protocol='grpc': perf_analyzer "
+            "2.51 sends request parameters over gRPC only (or set them in the model's config)"
+        )
     tool = locate_perf_analyzer(perf_analyzer_path)
     levels = _concurrency_levels(concurrency)
     url, default_metrics = _endpoint(server, protocol)
@@ -282,7 +287,9 @@ def _measure(
             tool, [*args, "--stability-percentage=1000", "--max-trials=3"], timeout_s, stem
         )
     if result.returncode != 0 or not csv_path.is_file():
-        message = proc.tail((result.stderr or "") + (result.stdout or ""), 15).strip()
+        output = (result.stderr or "") + (result.stdout or "")
+        errors = [line.strip() for line in output.splitlines() if "error" in line.lower()]
+        message = "\n".join(errors[:5]) if errors else proc.tail(output, 15).strip()
         raise ToolError(
             f"perf_analyzer failed for {name!r} at concurrency {level} (status "
             f"{result.returncode}): {message}\nCheck that the model is loaded and that input "

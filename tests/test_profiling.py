@@ -88,6 +88,11 @@ def test_concurrency_ranges_read_like_perf_analyzers():
         profiling._concurrency_levels("0:4")
 
 
+def test_request_parameters_over_http_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match="protocol='grpc'"):
+        profiling.perf_analyzer("127.0.0.1:1", "m", request_parameters={"max_tokens": 4})
+
+
 def test_a_perf_analyzer_that_is_not_there_names_the_install(monkeypatch, tmp_path):
     monkeypatch.setenv("LABKIT_PERF_ANALYZER", str(tmp_path / "nope"))
     profiling.locate_perf_analyzer.cache_clear()
@@ -144,6 +149,7 @@ def test_grpc_with_json_input_data_and_a_label(server, tmp_path):
         "sleepy",
         protocol="grpc",
         input_data=[{"text_input": ["I am going"]}, {"text_input": ["Where is the nearest"]}],
+        request_parameters={"max_tokens": 4, "greedy": True},
         label="sleepy over grpc",
         run_dir=tmp_path,
         **FAST,
