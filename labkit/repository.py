@@ -34,7 +34,7 @@ from .repository_config import (
     validate,
     write_config,
 )
-from .repository_live import index, reload, served_config, unload
+from .repository_live import index, recover, reload, served_config, stubs, unhealthy, unload
 
 __all__ = [
     "CONFIG_FILE",
@@ -48,8 +48,11 @@ __all__ = [
     "index",
     "parse_config",
     "read_config",
+    "recover",
     "reload",
     "served_config",
+    "stubs",
+    "unhealthy",
     "unload",
     "validate",
     "write_config",

@@ -119,3 +119,80 @@ def _logged_reason(server: TritonServer, name: str, start: int) -> str:
         lines = f.read().decode("utf-8", "replace").splitlines()
     errors = [line for line in lines if line.startswith("E") and f"'{name}'" in line]
     return errors[-1].split("] ", 1)[-1].strip().strip('"') if errors else ""
+
+
+# -- Python-backend stubs ----------------------------------------------------------------------
+def stubs(server: TritonServer) -> dict[str, list[int]]:
+    """The live Python-backend stub processes of a local server: model name -> sorted PIDs.
+
+    Each model instance of a Python-backend model runs in its own ``triton_python_backend_stub``
+    child of ``tritonserver``; a stub that has died is not listed.
+    """
+    import psutil  # noqa: PLC0415
+
+    if not getattr(server, "running", False):
+        raise ServerError(
+            f"{server!r} is not a running local server; stub processes can only be seen for a "
+            "server this process started (mode='local')"
+        )
+    found: dict[str, list[int]] = {}
+    for child in psutil.Process(server.pid).children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or not child.name().startswith(
+                "triton_python"
+            ):
+                continue
+            args = child.cmdline()
+        except psutil.Error:
+            continue
+        if len(args) > 1 and args[1].endswith(".py"):
+            found.setdefault(Path(args[1]).parent.parent.name, []).append(child.pid)
+    return {name: sorted(pids) for name, pids in sorted(found.items())}
+
+
+def _instance_count(config: dict) -> int:
+    """How many instances (so stubs) Triton runs for a served config."""
+    total = 0
+    for group in config.get("instance_group", []):
+        count = int(group.get("count", 1))
+        gpus = group.get("gpus", [])
+        total += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    return total or 1
+
+
+def unhealthy(server: TritonServer) -> dict[str, str]:
+    """Python-backend models Triton still calls READY although a stub of theirs has died.
+
+    Triton 2.51 does not restart a dead stub: the model stays READY and every request to it is
+    refused with ``Stub process '<model>_0' is not healthy``. Returns model name -> what is wrong.
+    """
+    live = stubs(server)
+    broken = {}
+    for row in server.model_index():
+        name = row.get("name", "")
+        if row.get("state") != "READY":
+            continue
+        config = server.client().get_model_config(name)
+        if config.get("backend") != "python":
+            continue
+        expected, running = _instance_count(config), len(live.get(name, []))
+        if running < expected:
+            broken[name] = f"{running} of {expected} Python stub processes alive"
+    return broken
+
+
+def recover(server: TritonServer, models: list[str] | None = None) -> list[str]:
+    """Reload every model whose stub died (see :func:`unhealthy`); return the names reloaded.
+
+    The reload passes the model's served configuration back to Triton, which makes it start new
+    instances even though ``config.pbtxt`` did not change; requests are answered by the new
+    instances as soon as they are ready.
+    """
+    import json  # noqa: PLC0415
+
+    names = models if models is not None else list(unhealthy(server))
+    for name in names:
+        config = server.client().get_model_config(check_name(name))
+        log.warning("reloading %s: a Python stub process of it had died", name)
+        server.load_model(name, config=json.dumps(config))
+    return names

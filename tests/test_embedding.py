@@ -23,7 +23,7 @@ TEXTS = [
     "A man is eating a piece of bread.",
     "The new movie is awesome!",
     "Héllo wörld, ça va? 你好",
-    "",
+    "?",  # the shortest text; an empty one is refused (tests/test_bad_input_matrix.py)
     "word " * 400,  # longer than max_seq_length: truncated to 256 tokens on both sides
 ]
 

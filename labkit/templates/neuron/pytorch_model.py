@@ -23,6 +23,24 @@ import triton_python_backend_utils as pb_utils
 
 NAME = re.compile(r"^(?P<stem>.+)__(?P<index>\d+)$")
 NEURON_TARGETS = ("inf1", "inf2", "trn1")
+# Request parameters the server itself may attach; never an error.
+IGNORED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+def parameter_error(request):
+    """An error response for a request that carries parameters (this model takes none), or None."""
+    unknown = sorted(set(json.loads(request.parameters() or "{}")) - IGNORED_PARAMETERS)
+    if not unknown:
+        return None
+    message = (
+        f"unknown parameter(s) {', '.join(map(repr, unknown))}: this model takes no request "
+        "parameters; send only its input tensors"
+    )
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
+    )
 
 
 def positional(tensors, kind):
@@ -163,6 +181,17 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def execute(self, requests):
+        responses = [parameter_error(r) for r in requests]
+        valid = [i for i, response in enumerate(responses) if response is None]
+        for i, response in zip(
+            valid, self.execute_valid([requests[i] for i in valid]), strict=True
+        ):
+            responses[i] = response
+        return responses
+
+    def execute_valid(self, requests):
+        if not requests:
+            return []
         inputs = [
             [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name, _ in self.inputs]
             for r in requests

