@@ -318,7 +318,9 @@ class Plan:
     def table(self) -> pd.DataFrame:
         import pandas as pd  # noqa: PLC0415
 
-        return pd.DataFrame(self.rows).set_index("model")
+        return pd.DataFrame(self.rows or None, columns=None if self.rows else ["model"]).set_index(
+            "model"
+        )
 
     def of_kind(self, kind: str) -> list[str]:
         """The planned models of one kind (``text generation`` or ``embedding``)."""

@@ -177,6 +177,8 @@ def test_a_model_listed_twice_or_a_string_is_an_error():
         capacity.plan(["minilm", "minilm"], memory=small_host(64))
     with pytest.raises(ConfigError, match="one string"):
         capacity.plan("minilm", memory=small_host(64))
+    empty = capacity.plan([], memory=small_host(64))
+    assert empty.models == [] and empty.table.empty
 
 
 def test_the_real_host_is_measured_with_psutil():
