@@ -19,6 +19,7 @@ Errors are :class:`labkit.errors.InferenceError` with the server's own reason, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -173,6 +174,10 @@ def _grpc_responses(
             if final:
                 return
     except InferenceServerException as exc:
+        # a stream that broke (server gone) says only that; the callback got the real reason
+        with contextlib.suppress(queue.Empty):
+            _, first = arrived.get_nowait()
+            exc = first or exc
         raise refused(exc) from None
     finally:
         try:

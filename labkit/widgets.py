@@ -3,7 +3,8 @@
 :class:`PromptUI` calls any ``generate(prompt, **params)`` callable. It may return the text (a
 ``str``, or an object with a ``.text`` such as :class:`labkit.client.Generation`), or yield text
 pieces (a generator), which are appended to the output as they arrive, so a streaming client
-plugs in unchanged. ``params`` holds ``max_tokens`` and ``temperature`` always, ``top_p`` and
+plugs in unchanged (:func:`prompt_ui` streams from a decoupled model; the status line then
+shows when the first text came and the pieces per second). ``params`` holds ``max_tokens`` and ``temperature`` always, ``top_p`` and
 ``top_k`` when moved off their neutral values, and ``model`` when there is a model picker.
 
 Errors (server down, model not loaded, a parameter the model refuses) appear in the widget as a
@@ -151,7 +152,7 @@ class PromptUI:
         self.button.disabled = True
         self.output.value = ""
         self.status.value = _html("generating...", "info")
-        started, pieces = time.perf_counter(), 0
+        started, pieces, first = time.perf_counter(), 0, 0.0
         try:
             result = self.generate(prompt, **params)
             if isinstance(result, str) or hasattr(result, "text"):
@@ -160,13 +161,19 @@ class PromptUI:
                 for piece in result:
                     self.output.value += getattr(piece, "text", piece)
                     pieces += 1
+                    if pieces == 1:
+                        first = time.perf_counter() - started
+                    self.status.value = _html(f"streaming... {pieces} pieces", "info")
             else:
                 raise TypeError(f"generate returned {type(result).__name__}, not text")
         except Exception as exc:  # noqa: BLE001 (shown in the widget)
             self._error(self._explain(exc, params.get("model")), exc)
         else:
             took = time.perf_counter() - started
-            streamed = f", {pieces} pieces" if pieces else ""
+            streamed = ""
+            if pieces:
+                rate = f" ({(pieces - 1) / (took - first):.1f}/s)" if pieces > 1 else ""
+                streamed = f"; first text after {first:.2f} s, {pieces} pieces{rate}"
             self.status.value = _html(f"done in {took:.2f} s{streamed}", "ok")
         finally:
             self.button.disabled = False
@@ -201,15 +208,32 @@ class PromptUI:
         return html.unescape(_strip_tags(self.status.value))
 
 
-def prompt_ui(server: Any, model: str | None = None, **kwargs: Any) -> PromptUI:
+def prompt_ui(
+    server: Any, model: str | None = None, *, stream: bool | None = None, **kwargs: Any
+) -> PromptUI:
     """A :class:`PromptUI` on a running :class:`~labkit.server.TritonServer`: models from its
-    repository index, text from ``/v2/models/<model>/generate``."""
-    from .client import generate  # noqa: PLC0415
+    repository index, text from ``/v2/models/<model>/generate``, or streamed piece by piece from
+    ``/generate_stream`` for a streaming (decoupled) model such as ``smollm2_stream``.
+
+    ``stream``: None streams exactly the models whose config is decoupled; True or False forces
+    it (a non-decoupled model cannot stream: the server then says so in the widget).
+    """
+    from . import client, streaming  # noqa: PLC0415
+
+    decoupled: dict[str, bool] = {}  # model -> streams; a config that cannot be read is not kept
 
     def call(prompt: str, model: str, **params: Any):
-        return generate(server.http_url, model, prompt, **params)
+        if stream is None and model not in decoupled:
+            known = streaming.is_streaming(server.http_url, model)
+            if known is not None:
+                decoupled[model] = known
+        if stream if stream is not None else decoupled.get(model, False):
+            return streaming.stream(server.http_url, model, prompt, **params)
+        return client.generate(server.http_url, model, prompt, **params)
 
-    return PromptUI(call, server=server, model=model, **kwargs)
+    ui = PromptUI(call, server=server, model=model, **kwargs)
+    ui.refresh.on_click(lambda _: decoupled.clear())  # a reload may change a model's config
+    return ui
 
 
 def _message(exc: BaseException) -> str:

@@ -1,0 +1,257 @@
+"""Token streaming from a real Triton: SSE and gRPC pieces join to the non-streaming answer.
+
+One module-scoped server holds, from the same ``model.py``: ``smollm2`` and ``smollm2_stream``
+(the committed folders, the real LLM), ``tf`` / ``tf_stream`` (tiny Falcon, plain and
+decoupled), ``tfb_stream`` (decoupled with dynamic batching) and ``idle_stream`` (never loaded).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import importlib.util
+import re
+import shutil
+import socket
+import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from labkit import client, models, streaming
+from labkit.errors import InferenceError
+from labkit.server import TritonServer
+from labkit.widgets import prompt_ui
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "labkit" / "templates" / "textgen" / "model.py"
+PROMPTS = ["I am going", "Where is the nearest", "Once upon a time there was", "Hi"]
+
+
+# -- the committed streaming model (no server) -------------------------------------------------
+def test_streaming_model_is_the_same_code_and_weights_as_smollm2_but_decoupled():
+    folder = ROOT / "model_repository" / "smollm2_stream"
+    assert filecmp.cmp(TEMPLATE, folder / "1" / "model.py", shallow=False), "copy the template"
+    plain = models.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
+    stream = models.read_config(folder / "config.pbtxt")
+    assert (
+        stream.model_transaction_policy.decoupled and not plain.model_transaction_policy.decoupled
+    )
+    assert dict(stream.parameters) == dict(plain.parameters)
+    assert stream.parameters["labkit_weights"].string_value == "smollm2"
+
+
+def test_a_piece_waits_for_an_incomplete_character_and_never_takes_text_back():
+    import pytriton  # noqa: PLC0415
+
+    backend = str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python")
+    sys.path.insert(0, backend)
+    try:
+        spec = importlib.util.spec_from_file_location("textgen_stream_template", TEMPLATE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop("textgen_stream_template", None)
+        sys.path.remove(backend)
+    assert module.stable_piece(" caf", "") == " caf"
+    assert module.stable_piece(" caf\ufffd", " caf") == ""  # half of "é": wait for the rest
+    assert module.stable_piece(" café", " caf") == "é"
+    assert module.stable_piece(" cafe", " café") == ""  # rewritten earlier text: wait for the end
+
+
+# -- against a real Triton ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("stream") / "repository"
+    repo.mkdir()
+    models.add_model(repo, "tiny-falcon", name="tf", max_tokens=12)
+    models.add_model(repo, "tiny-falcon", name="tf_stream", max_tokens=12, decoupled=True)
+    models.add_model(repo, "tiny-falcon", name="idle_stream", decoupled=True)
+    models.add_model(
+        repo,
+        "tiny-falcon",
+        name="tfb_stream",
+        max_tokens=12,
+        decoupled=True,
+        max_batch_size=8,
+        dynamic_batching=True,
+        max_queue_delay_us=300_000,
+    )
+    for name in ("smollm2", "smollm2_stream"):
+        shutil.copytree(
+            ROOT / "model_repository" / name,
+            repo / name,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("weights", "__pycache__"),
+        )
+    models.prepare_repository(repo)
+    triton = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        load_models=["tf", "tfb_stream", "smollm2", "smollm2_stream"],
+        startup_timeout_s=240,
+        log_path=repo.parent / "tritonserver.log",
+    )
+    try:
+        yield triton.start()
+    finally:
+        triton.stop()
+
+
+def url(server, protocol: str) -> str:
+    return server.http_url if protocol == "http" else server.grpc_url
+
+
+@pytest.fixture(scope="module")
+def tf_stream(server):
+    """``tf``'s streaming twin, loaded the way notebook 01 loads ``smollm2_stream``."""
+    assert streaming.serve_streaming_twin(server, "tf") == "tf_stream"
+    states = {m["name"]: m.get("state") for m in server.model_index()}
+    assert states["tf_stream"] == "READY"
+    return "tf_stream"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_smollm2_streams_token_by_token_to_the_generate_answer(server, protocol, capsys):
+    expected = client.generate(server.http_url, "smollm2", "I am going").text
+    stats = streaming.measure(url(server, protocol), "smollm2_stream", "I am going", protocol)
+    assert stats.text == expected and expected.startswith("I am going to")
+    assert len(stats.pieces) > 1 and stats.tokens == 16  # the config's max_tokens, no EOS here
+    assert 0 < stats.ttft_s < stats.total_s and stats.tokens_per_s > 0
+    with capsys.disabled():
+        print(f"\nsmollm2 over {protocol}: {stats} {stats.as_dict()}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tiny_falcon_stream_joins_to_the_generate_answer_for_every_prompt(
+    server, tf_stream, protocol, full
+):
+    for prompt in PROMPTS:
+        expected = client.generate(server.http_url, "tf", prompt, return_full_text=full).text
+        pieces = list(
+            streaming.stream(
+                url(server, protocol), tf_stream, prompt, protocol, return_full_text=full
+            )
+        )
+        assert "".join(pieces) == expected, prompt
+        assert len(pieces) > 1
+        if full:
+            assert pieces[0].startswith(prompt)
+
+
+@pytest.mark.integration
+def test_concurrent_streams_are_batched_and_each_gets_its_own_answer(server):
+    expected = {p: client.generate(server.http_url, "tf", p, max_tokens=8).text for p in PROMPTS}
+    before = metric_counts(server, "tfb_stream")
+
+    def one(prompt):
+        return prompt, "".join(
+            streaming.stream(server.grpc_url, "tfb_stream", prompt, "grpc", max_tokens=8)
+        )
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = dict(pool.map(one, PROMPTS))
+    assert got == expected
+    after = metric_counts(server, "tfb_stream")
+    requests, executions = (a - b for a, b in zip(after, before, strict=True))
+    assert requests == len(PROMPTS) and executions < requests  # some shared one generate call
+
+
+def metric_counts(server, model: str) -> tuple[int, int]:
+    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
+
+    def value(metric):
+        match = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
+        return int(float(match.group(1))) if match else 0
+
+    return value("nv_inference_count"), value("nv_inference_exec_count")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_bad_request_on_a_stream_is_a_clear_error_and_the_next_stream_works(
+    server, tf_stream, protocol
+):
+    address = url(server, protocol)
+    with pytest.raises(InferenceError, match="prompt 0 of 'text_input' is empty") as empty:
+        list(streaming.stream(address, tf_stream, "   ", protocol))
+    assert empty.value.status == (400 if protocol == "http" else "in stream")
+    with pytest.raises(InferenceError, match=r"parameter 'max_tokens' must be >= 1, got 0"):
+        list(streaming.stream(address, tf_stream, "Hi", protocol, max_tokens=0))
+    with pytest.raises(InferenceError, match=r"unknown parameter\(s\) 'colour'"):
+        list(streaming.stream(address, tf_stream, "Hi", protocol, colour="red"))
+    expected = client.generate(server.http_url, "tf", "Hi").text
+    assert "".join(streaming.stream(address, tf_stream, "Hi", protocol)) == expected
+
+
+@pytest.mark.integration
+def test_a_stream_left_early_does_not_disturb_the_next(server, tf_stream):
+    for protocol in ("http", "grpc"):
+        pieces = streaming.stream(url(server, protocol), tf_stream, "I am going", protocol)
+        first = next(pieces)
+        pieces.close()
+        assert first.startswith("I am going")
+    expected = client.generate(server.http_url, "tf", "Where is the nearest").text
+    assert "".join(streaming.stream(server.http_url, tf_stream, "Where is the nearest")) == expected
+
+
+@pytest.mark.integration
+def test_an_unloaded_model_and_an_unreachable_server_are_named(server):
+    with pytest.raises(InferenceError, match="idle_stream"):
+        list(streaming.stream(server.http_url, "idle_stream", "Hi"))
+    with pytest.raises(InferenceError, match="idle_stream"):
+        list(streaming.stream(server.grpc_url, "idle_stream", "Hi", "grpc", batched=False))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: connections refused
+        for protocol in ("http", "grpc"):
+            with pytest.raises(InferenceError, match=f"cannot reach Triton at '{dead}'"):
+                list(streaming.stream(dead, "tf_stream", "Hi", protocol, batched=False))
+
+
+@pytest.mark.integration
+def test_the_twin_of_a_model_without_one_is_none_and_decoupled_is_read_from_the_server(server):
+    assert streaming.serve_streaming_twin(server, "smollm2") == "smollm2_stream"
+    assert streaming.serve_streaming_twin(server, "tfb_stream") is None
+    assert streaming.is_streaming(server.http_url, "smollm2_stream") is True
+    assert streaming.is_streaming(server.http_url, "smollm2") is False
+    assert streaming.is_streaming(server.http_url, "no_such_model") is None
+
+
+# -- the prompt widget, headless, against the same server ---------------------------------------
+@pytest.mark.integration
+def test_the_widget_streams_a_decoupled_model_into_its_output_piece_by_piece(server, tf_stream):
+    ui = prompt_ui(server, model=tf_stream, max_tokens=12)
+    seen: list[str] = []
+    ui.output.observe(lambda change: seen.append(change["new"]), names="value")
+    ui.prompt.value = "Once upon a time there was"
+    ui.button.click()
+    expected = client.generate(server.http_url, "tf", "Once upon a time there was").text
+    assert ui.output.value == expected
+    assert len([s for s in seen if s]) > 2 and all(expected.startswith(s) for s in seen)
+    assert ui.error.startswith("done in") and "first text after" in ui.error
+    ui.model.value = "tf"  # a plain model in the same widget: one piece, the whole answer
+    ui.button.click()
+    assert ui.output.value == expected and "first text" not in ui.error
+
+
+@pytest.mark.integration
+def test_the_widget_shows_a_refused_parameter_and_an_unloaded_model_as_messages(server, tf_stream):
+    ui = prompt_ui(server, model=tf_stream)
+    ui.prompt.value = "Hi"
+    ui.max_tokens.value = 1000  # beyond tiny Falcon's 256-token context
+    ui.button.click()
+    assert "exceeds the model's context of 256 tokens" in ui.error
+    assert "Traceback" not in ui.status.value and not ui.button.disabled
+    ui.model.value = "idle_stream"
+    ui.max_tokens.value = 8
+    ui.button.click()
+    assert "model 'idle_stream' is " in ui.error
+    assert "load it with server.load_model('idle_stream')" in ui.error
