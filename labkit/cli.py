@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "labkit.profiling",
     "labkit.analyzer",
     "labkit.bench",
+    "labkit.soak",
     "labkit.neuron",
     "labkit.doctor",
 ]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import ConfigError, InferenceError
+from .settings import redact
 
 INPUT_NAME = "text_input"
 OUTPUT_NAME = "text_output"
@@ -32,6 +33,7 @@ def _address(url: str) -> str:
 def _refused(model: str, status, message: str) -> InferenceError:
     if isinstance(status, str) and status.isdigit():  # tritonclient.http reports "400"
         status = int(status)
+    message = redact(message)
     error = InferenceError(f"model {model!r} refused the request ({status}): {message}")
     error.status = status
     error.server_message = message

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, MissingDependencyError, MissingFileError
-from .repository_config import read_config, write_config
+from .repository_config import check_name, read_config, write_config
 from .settings import cache_dir
 
 log = logging.getLogger(__name__)
@@ -372,7 +372,7 @@ def add_model(
     max_tokens=32``...). Offline models still need :func:`prepare_repository` before serving.
     """
     entry = _entry(catalog_name)
-    name = name or entry.name
+    name = check_name(name or entry.name)
     folder = Path(repository) / name
     if folder.exists() and not overwrite:
         raise ConfigError(

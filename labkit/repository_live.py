@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ConfigError, MissingFileError, ServerError, ServerTimeoutError
 from .repository_config import ModelConfig, check_name
+from .settings import redact
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,7 +119,7 @@ def _logged_reason(server: TritonServer, name: str, start: int) -> str:
         f.seek(max(start, f.seek(0, 2) - 64_000))
         lines = f.read().decode("utf-8", "replace").splitlines()
     errors = [line for line in lines if line.startswith("E") and f"'{name}'" in line]
-    return errors[-1].split("] ", 1)[-1].strip().strip('"') if errors else ""
+    return redact(errors[-1].split("] ", 1)[-1].strip().strip('"')) if errors else ""
 
 
 # -- Python-backend stubs ----------------------------------------------------------------------

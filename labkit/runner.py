@@ -328,10 +328,18 @@ def run_notebooks(
         report.results.append(result)
         if result.status != "ok" and stop_on_failure:
             break
-    report.index = write_index(report)
-    (run_dir / "summary.json").write_text(
-        json.dumps([asdict(r) for r in report.results], indent=2) + "\n"
-    )
+    try:
+        report.index = write_index(report)
+        (run_dir / "summary.json").write_text(
+            json.dumps([asdict(r) for r in report.results], indent=2) + "\n"
+        )
+    except OSError as exc:  # a disk that filled up, or went read-only, during the run
+        done = ", ".join(f"{Path(r.notebook).name}: {r.status}" for r in report.results)
+        raise ConfigError(
+            f"cannot write the summary of run folder {str(run_dir)!r} "
+            f"({exc.strerror or exc}); free space there or pass --out a folder on another disk. "
+            f"Notebooks: {done}"
+        ) from exc
     return report
 
 
@@ -374,7 +382,12 @@ def _execute(
             "%s failed at cell %s: %s (saved to %s)", path.name, result.cell, result.error, output
         )
     if output.is_file():
-        result.html = to_html(output)
+        try:
+            result.html = to_html(output)
+        except OSError as exc:  # the executed notebook is there; its HTML did not fit
+            result.status = "failed"
+            result.error = f"cannot write {output.with_suffix('.html')}: {exc.strerror or exc}"
+            log.error("%s: %s", path.name, result.error)
     return result
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from .errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
 from .proc import check_port_free, free_port, kill_group, tail
+from .repository_config import check_name
 from .settings import TOKEN_VARIABLES, cache_dir, redact, setting
 
 log = logging.getLogger(__name__)
@@ -187,8 +189,10 @@ class TritonServer:
         self._explicit_binary = tritonserver
         self._binary: ServerBinary | None = None
         self._process: subprocess.Popen | None = None
+        self._shm_regions: set[str] = set()  # the stubs' shared memory, removed by stop()
         self._container: str | None = None
         self._log_file = None
+        self._pump: threading.Thread | None = None
         self.log_path = Path(log_path) if log_path else None
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self.ports = dict(self._requested_ports)
@@ -318,10 +322,11 @@ class TritonServer:
         self.command = cmd
         log.info("starting %s", redact(" ".join(cmd)))
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        secrets = [env[n].encode() for n in TOKEN_VARIABLES if len(env.get(n) or "") >= 4]
         try:
             self._process = subprocess.Popen(
                 cmd,
-                stdout=self._log_file,
+                stdout=subprocess.PIPE if secrets else self._log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -331,6 +336,14 @@ class TritonServer:
         except FileNotFoundError as exc:
             self._close_log()
             raise MissingDependencyError(f"cannot run {cmd[0]!r}: {exc}") from exc
+        if secrets:  # a token is set: the log goes through a filter that blanks it out
+            self._pump = threading.Thread(
+                target=_copy_redacted,
+                args=(self._process.stdout, self._log_file, secrets),
+                name="tritonserver-log",
+                daemon=True,
+            )
+            self._pump.start()
         _LIVE.add(self)
         try:
             self.wait_ready()
@@ -359,8 +372,10 @@ class TritonServer:
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         delay = 0.1
         while True:
-            if self._process is not None and self._process.poll() is not None:
-                self._raise_exited()
+            if self._process is not None:
+                self._shm_regions.update(_shm_regions(self._process.pid))
+                if self._process.poll() is not None:
+                    self._raise_exited()
             if self.is_ready():
                 return
             if time.monotonic() > deadline:
@@ -381,6 +396,7 @@ class TritonServer:
 
     def _raise_exited(self) -> None:
         code = self._process.returncode
+        self._drain_log()
         text = self.log_tail()
         for kind, port in self.ports.items():
             if f":{port}" in text and ("in use" in text.lower() or "bind" in text.lower()):
@@ -412,6 +428,8 @@ class TritonServer:
                 check=False,
             )
             self._container = None
+        regions = sorted(self._shm_regions.union(_shm_regions(process.pid)))
+        self._shm_regions = set()
         if process.poll() is None:
             try:
                 os.killpg(process.pid, signal.SIGTERM)
@@ -425,8 +443,17 @@ class TritonServer:
                 )
         kill_group(process.pid, signal.SIGKILL)  # stubs left behind by the server, if any
         process.wait()
+        _remove_files(regions)  # a killed stub or server leaves its shared memory behind
+        self._drain_log()
         self._close_log()
         _LIVE.discard(self)
+
+    def _drain_log(self) -> None:
+        """Let the log filter write what the server printed last (its pipe ends with the server)."""
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+            if not self._pump.is_alive():
+                self._pump = None
 
     def _close_log(self) -> None:
         if self._log_file:
@@ -457,21 +484,63 @@ class TritonServer:
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         try:
-            self.client().load_model(name, config=config)
+            self.client().load_model(check_name(name), config=config)
         except InferenceServerException as exc:
-            raise ServerError(f"Triton could not load model {name!r}: {exc.message()}") from exc
+            raise ServerError(
+                f"Triton could not load model {name!r}: {redact(exc.message())}"
+            ) from exc
 
     def unload_model(self, name: str) -> None:
         from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         try:
-            self.client().unload_model(name)
+            self.client().unload_model(check_name(name))
         except InferenceServerException as exc:
-            raise ServerError(f"Triton could not unload model {name!r}: {exc.message()}") from exc
+            raise ServerError(
+                f"Triton could not unload model {name!r}: {redact(exc.message())}"
+            ) from exc
 
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
         return self.client().get_model_repository_index()
+
+
+SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
+
+
+def _shm_regions(pid: int) -> list[str]:
+    """The Python-backend shared-memory files that process ``pid`` has mapped."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if SHM_PREFIX in line}
+    except OSError:
+        return []
+    return sorted(path for path in paths if path.startswith(SHM_PREFIX) and " " not in path)
+
+
+def _copy_redacted(stream, sink, secrets: list[bytes]) -> None:
+    """Copy the server's output to its log, line by line, with every secret replaced by ***."""
+    try:
+        for line in iter(stream.readline, b""):
+            for secret in secrets:
+                line = line.replace(secret, b"***")
+            sink.write(line)
+            sink.flush()
+    except (OSError, ValueError):  # the log was closed by stop() while a straggler still wrote
+        pass
+    finally:
+        stream.close()
+
+
+def _remove_files(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+            log.debug("removed leftover shared memory %s", path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not remove leftover shared memory %s: %s", path, exc)
 
 
 @atexit.register

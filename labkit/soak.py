@@ -1,0 +1,406 @@
+"""``labkit bench soak``: hold a model under load for a while, then provoke faults; write figures.
+
+Two phases on one server, on a run folder's own copy of the model repository:
+
+1. **Load.** perf_analyzer keeps ``concurrency`` requests in flight for ``duration_s`` seconds
+   (three measurement windows of a third each). Meanwhile the resident memory of tritonserver and
+   its Python stubs (psutil) is sampled every second. Figures: requests answered and failed
+   (Triton's own ``nv_inference_request_success`` / ``_failure`` counters), throughput and
+   latencies, and memory growth between the first and the last ``memory_window_s`` seconds.
+2. **Faults** (``faults=True``), each under a load of ``fault_threads`` Python clients: the model
+   reloaded (a forced reload of its served configuration: failed requests are counted; Triton
+   answers them all), then its Python stub killed with SIGKILL and :func:`labkit.repository.
+   recover` called (requests refused while the stub was dead, seconds to recover, failures after).
+
+The result (``soak.json`` in the run folder) says in ``passed`` whether the load had zero failed
+requests and memory grew by less than ``max_memory_growth_percent``. A benchmark, not a test: the
+machine's load average is part of the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import proc
+from .errors import ConfigError, ToolError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SoakSettings:
+    """What to load, how hard and for how long (the defaults are the issue's: 64 for 60 s)."""
+
+    model: str = "smollm2"
+    concurrency: int = 64
+    duration_s: float = 60.0
+    memory_window_s: float = 20.0
+    prompt: str = "I am going"
+    faults: bool = True
+    fault_threads: int = 8
+    fault_window_s: float = 20.0
+    max_memory_growth_percent: float = 10.0
+    startup_timeout_s: float = 600.0
+
+    def check(self) -> SoakSettings:
+        if self.concurrency < 1 or self.fault_threads < 1:
+            raise ConfigError(
+                f"concurrency {self.concurrency} and fault_threads {self.fault_threads} must "
+                "be >= 1"
+            )
+        if self.duration_s < 3 or not 0 < 2 * self.memory_window_s <= self.duration_s:
+            raise ConfigError(
+                f"duration_s={self.duration_s:g} must be >= 3 s and hold two memory windows of "
+                f"memory_window_s={self.memory_window_s:g} s; lengthen the run or shorten windows"
+            )
+        return self
+
+
+class Load:
+    """Threads that POST ``/generate`` to one model until stopped; every outcome is kept with the
+    time its request was sent: ``(sent, HTTP status or 0, error message)``."""
+
+    def __init__(self, url: str, model: str, threads: int = 4, prompt: str = "Hi") -> None:
+        self.url = f"http://{url.split('://', 1)[-1]}/v2/models/{model}/generate"
+        self.body = json.dumps({"text_input": prompt, "max_tokens": 2}).encode()
+        self.outcomes: list[tuple[float, int, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            request = urllib.request.Request(self.url, data=self.body)
+            sent = time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=120) as response:
+                    response.read()
+                    outcome = (response.status, "")
+            except urllib.error.HTTPError as exc:
+                text = exc.read().decode("utf-8", "replace")
+                try:
+                    text = json.loads(text).get("error", text)
+                except ValueError:
+                    pass
+                outcome = (exc.code, text)
+            except OSError as exc:
+                outcome = (0, repr(exc))
+            self.outcomes.append((sent, *outcome))
+
+    def successes(self, since: float = 0.0) -> int:
+        return sum(1 for sent, status, _ in self.outcomes if status == 200 and sent >= since)
+
+    def failures(self, since: float = 0.0, until: float = float("inf")) -> list[tuple[int, str]]:
+        return [(s, m) for t, s, m in self.outcomes if s != 200 and since <= t < until]
+
+    def wait_for(self, count: int, since: float = 0.0, timeout_s: float = 120.0) -> None:
+        """Wait until ``count`` requests sent after ``since`` were answered."""
+        deadline = time.monotonic() + timeout_s
+        while self.successes(since) < count:
+            if time.monotonic() > deadline:
+                raise ToolError(
+                    f"{self.url} answered {self.successes(since)} of {count} requests within "
+                    f"{timeout_s:g} s; last failures: {self.failures(since)[-3:]}"
+                )
+            time.sleep(0.1)
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+
+def server_memory(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (tritonserver and its stubs)."""
+    import psutil  # noqa: PLC0415
+
+    total = 0
+    root = psutil.Process(pid)
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def request_counts(metrics_url: str, model: str) -> dict[str, float]:
+    """Triton's success and failure counters for ``model`` (all versions)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    counts = {"success": 0.0, "failure": 0.0}
+    for family in text_string_to_metric_families(text):
+        kind = family.name.removeprefix("nv_inference_request_")
+        if family.name.startswith("nv_inference_request_") and kind in counts:
+            counts[kind] += sum(s.value for s in family.samples if s.labels.get("model") == model)
+    return counts
+
+
+def _perf_analyzer(server, settings: SoakSettings, run_dir: Path) -> dict:
+    from .profiling import locate_perf_analyzer  # noqa: PLC0415
+
+    tool = locate_perf_analyzer()
+    config = server.client().get_model_config(settings.model)
+    window_ms = int(settings.duration_s * 1000 / 3)
+    csv_path = run_dir / "soak-perf.csv"
+    args = [
+        tool.path,
+        *("-m", settings.model, "-u", server.http_url, "-i", "http"),
+        f"--string-data={settings.prompt}",
+        f"--shape={config['input'][0]['name']}:1",
+        f"--concurrency-range={settings.concurrency}",
+        "--measurement-mode=time_windows",
+        f"--measurement-interval={window_ms}",
+        "--stability-percentage=1000",  # three windows, whatever the spread: a soak, not a sweep
+        "--max-trials=3",
+        "--verbose-csv",
+        *("-f", csv_path),
+    ]
+    result = proc.run(
+        args, timeout_s=settings.duration_s * 4 + 120, env=tool.environ(), check=False
+    )
+    (run_dir / "soak-perf.log").write_text(f"{result.stdout}\n{result.stderr}")
+    figures = {"perf_analyzer_status": result.returncode}
+    if csv_path.is_file():
+        import pandas as pd  # noqa: PLC0415
+
+        row = pd.read_csv(csv_path).iloc[0]
+        figures["throughput_per_s"] = round(float(row["Inferences/Second"]), 2)
+        for name in ("p50", "p90", "p99"):
+            figures[f"{name}_ms"] = round(float(row[f"{name} latency"]) / 1000, 1)
+    else:
+        figures["perf_analyzer_error"] = proc.tail(result.stderr + result.stdout, 10)
+    return figures
+
+
+def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
+    """perf_analyzer at ``concurrency`` for ``duration_s`` while memory is sampled each second."""
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+    outcome: dict = {}
+
+    def measure() -> None:
+        try:
+            outcome.update(_perf_analyzer(server, settings, run_dir))
+        except Exception as exc:  # noqa: BLE001 (reported in the figures)
+            outcome["perf_analyzer_error"] = str(exc)
+        finally:
+            done.set()
+
+    before = request_counts(server.metrics_url, settings.model)
+    started = time.monotonic()
+    worker = threading.Thread(target=measure, daemon=True)
+    worker.start()
+    while not done.wait(1.0):
+        samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
+    worker.join()
+    after = request_counts(server.metrics_url, settings.model)
+    window = settings.memory_window_s
+    end = samples[-1][0] if samples else 0.0
+    first = [rss for t, rss in samples if t <= window]
+    last = [rss for t, rss in samples if t >= end - window]
+    memory = {"samples": len(samples), "seconds": end}
+    if first and last:
+        first_mib = statistics.fmean(first) / 2**20
+        last_mib = statistics.fmean(last) / 2**20
+        memory.update(
+            first_window_mib=round(first_mib, 1),
+            last_window_mib=round(last_mib, 1),
+            growth_percent=round((last_mib - first_mib) / first_mib * 100, 2),
+            peak_mib=round(max(rss for _, rss in samples) / 2**20, 1),
+        )
+    return {
+        "requests_succeeded": int(after["success"] - before["success"]),
+        "requests_failed": int(after["failure"] - before["failure"]),
+        **outcome,
+        "memory": memory,
+    }
+
+
+def fault_phase(server, settings: SoakSettings) -> dict:
+    """A forced reload, then a killed stub and :func:`recover`, each under Python-client load."""
+    from .repository_live import recover, stubs, unhealthy  # noqa: PLC0415
+
+    half = settings.fault_window_s / 2
+    figures: dict = {}
+    old = set(stubs(server).get(settings.model, []))
+    with Load(server.http_url, settings.model, settings.fault_threads) as load:
+        load.wait_for(settings.fault_threads)
+        time.sleep(half)
+        started = time.monotonic()
+        config = server.client().get_model_config(settings.model)
+        server.load_model(settings.model, config=json.dumps(config))
+        reloaded = time.monotonic()
+        time.sleep(half)
+    figures["reload"] = {
+        "seconds": round(reloaded - started, 1),
+        "requests": len(load.outcomes),
+        "failed": len(load.failures()),
+        "errors": sorted({m for _, m in load.failures()})[:3],
+    }
+    deadline = time.monotonic() + 60
+    while old & set(stubs(server).get(settings.model, [])) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the replaced instance's stub is still finishing
+    victims = sorted(set(stubs(server).get(settings.model, [])) - old)
+    if not victims:
+        figures["stub_kill"] = {"skipped": f"{settings.model} has no Python stub process"}
+        return figures
+    with Load(server.http_url, settings.model, settings.fault_threads) as load:
+        load.wait_for(settings.fault_threads)
+        killed = time.monotonic()
+        os.kill(victims[0], signal.SIGKILL)
+        deadline = killed + half
+        while settings.model not in unhealthy(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        recovering = time.monotonic()
+        reloaded_models = recover(server)
+        recovered = time.monotonic()
+        load.wait_for(settings.fault_threads, since=recovered)
+        time.sleep(half)
+    refused = load.failures(killed, recovered)
+    figures["stub_kill"] = {
+        "recovered_models": reloaded_models,
+        "recover_seconds": round(recovered - recovering, 1),
+        "refused_while_dead": len(refused),
+        "errors": sorted({m for _, m in refused})[:3],
+        "failed_after_recover": len(load.failures(recovered)),
+        "answered_after_recover": load.successes(recovered),
+    }
+    return figures
+
+
+def run_soak(settings: SoakSettings, run_dir: str | os.PathLike, source=None) -> dict:
+    """Serve ``settings.model`` from a copy of ``source`` in ``run_dir``, soak it, return figures."""
+    from .lab import prepare_run_repository  # noqa: PLC0415
+    from .server import TritonServer  # noqa: PLC0415
+
+    settings.check()
+    run_dir = Path(run_dir)
+    repo = prepare_run_repository(run_dir, models=[settings.model], source=source)
+    result: dict = {
+        "settings": asdict(settings),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    server = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        load_models=[settings.model],
+        startup_timeout_s=settings.startup_timeout_s,
+        log_path=run_dir / "tritonserver.log",
+    )
+    with server:
+        result["load"] = load_phase(server, settings, run_dir)
+        result["load_average_after_load"] = [round(x, 2) for x in os.getloadavg()]
+        if settings.faults:
+            result["faults"] = fault_phase(server, settings)
+    growth = result["load"]["memory"].get("growth_percent")
+    result["passed"] = {
+        "zero_failed_requests": result["load"]["requests_failed"] == 0
+        and result["load"].get("perf_analyzer_status") == 0,
+        "memory_growth_under_limit": growth is not None
+        and growth < settings.max_memory_growth_percent,
+    }
+    return result
+
+
+def table(result: dict) -> str:
+    """The soak's figures as aligned text."""
+    s, load = result["settings"], result["load"]
+    memory = load["memory"]
+    rows = [
+        ("model", s["model"]),
+        ("concurrency x seconds", f"{s['concurrency']} x {s['duration_s']:g}"),
+        ("requests answered / failed", f"{load['requests_succeeded']} / {load['requests_failed']}"),
+        ("throughput (infer/s)", load.get("throughput_per_s", "-")),
+        ("p50 / p99 latency (ms)", f"{load.get('p50_ms', '-')} / {load.get('p99_ms', '-')}"),
+        (
+            f"memory first / last {s['memory_window_s']:g} s (MiB)",
+            f"{memory.get('first_window_mib', '-')} / {memory.get('last_window_mib', '-')} "
+            f"({memory.get('growth_percent', '-')}%)",
+        ),
+        (
+            "load average before / after",
+            f"{result['load_average_before']} / "
+            f"{result.get('load_average_after_load')} on {result['cpu_count']} CPUs",
+        ),
+    ]
+    faults = result.get("faults", {})
+    if "reload" in faults:
+        r = faults["reload"]
+        rows.append(("reload under load: failed", f"{r['failed']} of {r['requests']}"))
+    if "recover_seconds" in faults.get("stub_kill", {}):
+        k = faults["stub_kill"]
+        rows.append(
+            (
+                "killed stub: refused / recover s",
+                f"{k['refused_while_dead']} / {k['recover_seconds']} "
+                f"(failed after: {k['failed_after_recover']})",
+            )
+        )
+    rows += [(f"passed: {name}", ok) for name, ok in result["passed"].items()]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+# -- command line ------------------------------------------------------------------------------
+def register_cli(sub) -> None:
+    """Add ``soak`` under ``labkit bench`` (made here if labkit.bench is not installed)."""
+    import argparse  # noqa: PLC0415
+
+    bench = sub.choices.get("bench") or sub.add_parser("bench", help="benchmarks")
+    kinds = next((a for a in bench._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if kinds is None:
+        kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    d = SoakSettings()
+    p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
+    p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
+    p.add_argument("--repository", default=None, help="source model repository")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
+    p.add_argument("--memory-window", type=float, default=d.memory_window_s, help="seconds")
+    p.add_argument("--no-faults", action="store_true", help="skip the reload and the killed stub")
+    p.add_argument("--fault-window", type=float, default=d.fault_window_s, help="seconds")
+    p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args) -> int:
+    from .runner import run_folder  # noqa: PLC0415
+
+    settings = SoakSettings(
+        model=args.model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        memory_window_s=args.memory_window,
+        faults=not args.no_faults,
+        fault_window_s=args.fault_window,
+    ).check()
+    run_dir = run_folder(args.run_dir, notebook="bench-soak")
+    result = run_soak(settings, run_dir, source=args.repository)
+    text = json.dumps(result, indent=2)
+    (run_dir / "soak.json").write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(table(result))
+    print(f"figures: {run_dir / 'soak.json'}")
+    return 0 if all(result["passed"].values()) else 1

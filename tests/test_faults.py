@@ -1,0 +1,300 @@
+"""Faults, each provoked for real: a stub killed under load, a model reloaded under load, SIGTERM
+while a model loads, a notebook kernel killed while its server runs, a run folder on a read-only or
+full disk.
+
+What Triton 2.51 does when a Python stub dies (observed, and pinned by the first test): it does
+not restart the stub. The model stays READY in the repository index and on
+``/v2/models/<m>/ready``, and every request to it is refused at once with
+``Stub process '<m>_0' is not healthy.`` until the model is reloaded. :func:`labkit.repository.
+unhealthy` finds such models and :func:`labkit.repository.recover` reloads them.
+
+A port taken between choosing it and binding it is tested in tests/test_server.py
+(``test_port_taken_between_choosing_and_binding_names_the_port``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from labkit import models, runner
+from labkit.cli import main
+from labkit.errors import ServerError
+from labkit.repository import Repository, index, recover, reload, served_config, stubs, unhealthy
+from labkit.server import TritonServer
+from labkit.soak import Load
+
+ROOT = Path(__file__).resolve().parent.parent
+NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": ""}
+
+
+def group_alive(pgid: int) -> list[psutil.Process]:
+    alive = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s} s")
+        time.sleep(0.2)
+
+
+def stub_regions(pid: int) -> list[str]:
+    """The shared-memory files named on the command lines of a server's stubs."""
+    names = []
+    for child in psutil.Process(pid).children():
+        names += [f"/dev/shm/{a}" for a in child.cmdline() if a.startswith("triton_python_backend")]
+    return names
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``tf`` (its stub gets killed) and ``tfr`` (reloaded under load): tiny Falcon, no batching."""
+    repo = tmp_path_factory.mktemp("faults") / "repo"
+    repo.mkdir()
+    models.add_model(repo, "tiny-falcon", name="tf", max_tokens=4)
+    models.add_model(repo, "tiny-falcon", name="tfr", max_tokens=4)
+    models.prepare_repository(repo)
+    triton = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=240,
+        log_path=repo.parent / "tritonserver.log",
+        env=NO_TOKEN,
+    )
+    try:
+        yield triton.start()
+    finally:
+        triton.stop()
+
+
+@pytest.mark.integration
+def test_a_model_reloaded_under_load_fails_no_request(server, record_property):
+    before = stubs(server)["tfr"]
+    config = Repository(server.model_repository).config("tfr")
+    config.parameters["max_tokens"].string_value = "3"
+    with Load(server.http_url, "tfr") as load:
+        wait_for(lambda: load.successes() >= 4, 60, "4 answers before the reload")
+        started = time.monotonic()
+        reload(server, "tfr", config)
+        reloaded = time.monotonic()
+        wait_for(lambda: load.successes(reloaded) >= 4, 60, "answers after the reload")
+    assert load.failures() == []
+    assert served_config(server, "tfr")["parameters"]["max_tokens"]["string_value"] == "3"
+    assert stubs(server)["tfr"] != before  # a new instance really replaced the old one
+    record_property("requests_during_reload", load.successes(started) - load.successes(reloaded))
+    record_property("reload_seconds", round(reloaded - started, 1))
+
+
+@pytest.mark.integration
+def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
+    server, record_property
+):
+    (victim,) = stubs(server)["tf"]
+    region = [f"/dev/shm/{a}" for a in psutil.Process(victim).cmdline() if "shm_region" in a]
+    with Load(server.http_url, "tf") as load, Load(server.http_url, "tfr", threads=1) as neighbour:
+        wait_for(lambda: load.successes() >= 4, 60, "4 answers before the kill")
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(load.failures(killed)) >= 4, 30, "refusals after the kill")
+        # Triton's view: still READY, so only the stub processes tell what happened.
+        assert index(server).set_index("name").loc["tf", "state"] == "READY"
+        assert unhealthy(server) == {"tf": "0 of 1 Python stub processes alive"}
+        recovering = time.monotonic()
+        assert recover(server) == ["tf"]
+        recovered = time.monotonic()
+        wait_for(lambda: load.successes(recovered) >= 4, 60, "answers after recover()")
+    failures = load.failures(killed)
+    assert {message for _, message in failures} == {"Stub process 'tf_0' is not healthy."}
+    assert {status for status, _ in failures} == {400}
+    assert load.failures(recovered) == []  # sent after recover() returned: all answered
+    assert neighbour.failures() == [] and neighbour.successes(killed) > 0
+    assert unhealthy(server) == {} and stubs(server)["tf"] != [victim]
+    record_property("requests_refused_while_the_stub_was_dead", len(failures))
+    record_property("recover_seconds", round(recovered - recovering, 1))
+    server.stop()  # stop() also removes the dead stub's shared memory
+    assert region and not any(os.path.exists(r) for r in region)
+
+
+SLOW_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
+output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
+"""
+SLOW_MODEL = """
+import time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(300)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.integration
+def test_sigterm_while_a_model_loads_ends_the_server_and_leaves_nothing(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (repo / "slow" / "1" / "model.py").write_text(textwrap.dedent(SLOW_MODEL))
+    server = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=120,
+        log_path=tmp_path / "tritonserver.log",
+    )
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            server.start()
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            failure.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    try:
+        wait_for(lambda: server.pid and stub_regions(server.pid), 60, "the slow model's stub")
+        pgid, regions = server.pid, stub_regions(server.pid)
+        os.kill(pgid, signal.SIGTERM)  # what `kill <pid>` does: the server alone, mid-load
+        starter.join(timeout=60)
+        assert not starter.is_alive()
+    finally:
+        server.stop()
+        starter.join()
+    assert len(failure) == 1 and isinstance(failure[0], ServerError)
+    assert "exited with status" in str(failure[0]) and "before it was ready" in str(failure[0])
+    wait_for(lambda: not group_alive(pgid), 15, "the end of the server's process group")
+    assert not any(os.path.exists(r) for r in regions)
+
+
+KERNEL_CODE = """
+from labkit.server import TritonServer
+server = TritonServer({repo!r}, http_port=0, grpc_port=0, metrics_port=0,
+                      log_path={log!r}, startup_timeout_s=120).start()
+print("SERVER", server.pid, "KERNEL", __import__("os").getpid())
+"""
+
+
+@pytest.mark.integration
+def test_a_killed_notebook_kernel_leaves_no_server(tmp_path):
+    from jupyter_client.manager import start_new_kernel  # noqa: PLC0415
+
+    repo = tmp_path / "repo"
+    (repo / "idle" / "1").mkdir(parents=True)
+    (repo / "idle" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (repo / "idle" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    manager, kernel = start_new_kernel(kernel_name="python3", env=env)
+    server_pid = None
+    try:
+        code = KERNEL_CODE.format(repo=str(repo), log=str(tmp_path / "tritonserver.log"))
+        printed = []
+        reply = kernel.execute_interactive(
+            code,
+            timeout=180,
+            output_hook=lambda m: printed.append(m["content"].get("text", "")),
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+        words = "".join(printed).split()
+        server_pid, kernel_pid = int(words[1]), int(words[3])
+        assert group_alive(server_pid)
+        os.kill(kernel_pid, signal.SIGKILL)
+        wait_for(lambda: not group_alive(server_pid), 45, "the end of the kernel's server")
+    finally:
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)
+        for proc in group_alive(server_pid) if server_pid else []:
+            proc.kill()  # clean up before failing, so a failure leaves nothing running
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    """``mounted(options)``: a fresh tmpfs mounted with ``options``; unmounted afterwards."""
+    points = []
+
+    def mount(options: str) -> Path:
+        point = tmp_path / f"mnt-{uuid.uuid4().hex[:6]}"
+        point.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+        points.append(point)
+        return point
+
+    yield mount
+    for point in points:
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
+
+
+def write_notebook(path: Path, *cells: str) -> Path:
+    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+def test_a_read_only_run_folder_is_a_clear_error_before_any_notebook_runs(
+    tmp_path, mounted, capsys
+):
+    read_only = mounted("ro,size=1m")
+    code = main(["run", "00", "--out", str(read_only / "run")])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert f"run folder {str(read_only / 'run')!r} cannot be written" in error
+    assert "Read-only file system" in error and "pass --out a folder you can write" in error
+    assert "Traceback" not in error
+
+
+def test_a_full_disk_fails_the_run_with_a_clear_error(tmp_path, mounted, monkeypatch, capsys):
+    full = mounted("size=256k")
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    write_notebook(folder / "big.ipynb", "print('x' * 400_000)")  # its output does not fit
+    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    code = main(["run", "big", "--out", str(full / "run"), "--cell-timeout", "60"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code != 0
+    assert "No space left on device" in text and str(full / "run") in text
+    assert "Traceback" not in captured.err
