@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import filecmp
 import importlib.util
+import json
 import re
+import shlex
 import shutil
 import socket
+import subprocess
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -192,14 +196,38 @@ def test_a_bad_request_on_a_stream_is_a_clear_error_and_the_next_stream_works(
 
 
 @pytest.mark.integration
-def test_a_stream_left_early_does_not_disturb_the_next(server, tf_stream):
-    for protocol in ("http", "grpc"):
-        pieces = streaming.stream(url(server, protocol), tf_stream, "I am going", protocol)
-        first = next(pieces)
-        pieces.close()
-        assert first.startswith("I am going")
-    expected = client.generate(server.http_url, "tf", "Where is the nearest").text
-    assert "".join(streaming.stream(server.http_url, tf_stream, "Where is the nearest")) == expected
+def test_a_stream_left_early_stops_its_generation_and_the_next_one_works(server):
+    stopped = "smollm2_stream: 1 request(s) cancelled by their clients; generation stopped"
+    for n, protocol in enumerate(("http", "grpc"), start=1):
+        pieces = streaming.stream(
+            url(server, protocol), "smollm2_stream", "Tell me a story", protocol, max_tokens=400
+        )
+        assert next(pieces).startswith("Tell me a story")
+        pieces.close()  # HTTP: the connection closes; gRPC: the stream is cancelled
+        deadline = time.monotonic() + 30  # 400 tokens would take minutes
+        while Path(server.log_path).read_text().count(stopped) < n:
+            assert time.monotonic() < deadline, (
+                f"{protocol}: generation went on after the client left"
+            )
+            time.sleep(0.2)
+    expected = client.generate(server.http_url, "smollm2", "Hi", max_tokens=4).text
+    assert "".join(
+        streaming.stream(server.grpc_url, "smollm2_stream", "Hi", "grpc", max_tokens=4)
+    ) == (expected)
+
+
+@pytest.mark.integration
+def test_the_printed_curl_line_streams_server_sent_events(server, tf_stream):
+    line = client.curl_command(server.http_url, tf_stream, "I am going", endpoint="generate_stream")
+    assert line.startswith("curl -N -X POST ")
+    run = subprocess.run([*shlex.split(line), "-s"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(x[5:]) for x in run.stdout.splitlines() if x.startswith("data:")]
+    assert len(events) > 2
+    assert (
+        "".join(e["text_output"] for e in events)
+        == client.generate(server.http_url, "tf", "I am going").text
+    )
 
 
 @pytest.mark.integration

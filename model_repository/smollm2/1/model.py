@@ -29,7 +29,8 @@ response flagged final holding whatever text remains (usually empty); a request'
 are exactly its non-streaming answer (with ``return_full_text`` the prompt comes with the first
 piece). Triton serves such a model over ``/v2/models/<m>/generate_stream`` (server-sent events)
 and gRPC streaming. A bad request gets its error response, flagged final, as in the
-non-streaming path.
+non-streaming path. When every client of a batch has gone (HTTP connection closed, gRPC stream
+cancelled), generation stops at the next token instead of running to ``max_tokens``.
 
 The hub token comes from ``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or ``PRIVATE_REPO_TOKEN`` (the
 tutorial's name), in that order; it is never logged. Downloads are cached under ``HF_HOME``.
@@ -255,6 +256,15 @@ def stable_piece(text: str, emitted: str) -> str:
     return text[len(emitted) :] if text.startswith(emitted) else ""
 
 
+class StreamCancelled(Exception):
+    """Every request of a streamed batch was cancelled: generation stops early."""
+
+
+def _cancelled(message: str = "cancelled by the client"):
+    errors = pb_utils.TritonError  # set up by the stub after import: look it up when used
+    return _error(message, getattr(errors, "CANCELLED", errors.UNAVAILABLE))
+
+
 class PieceStreamer(BaseStreamer):
     """Sends each request of a generate batch the text each new token adds, as it is made.
 
@@ -271,6 +281,7 @@ class PieceStreamer(BaseStreamer):
         self.done = [False] * len(self.rows)
         self.emitted = [""] * len(self.rows)
         self.sent = [False] * len(members)
+        self.cancelled = [False] * len(members)
         self.eos_ids: set[int] = set()
         self.prompt_seen = False
 
@@ -282,6 +293,12 @@ class PieceStreamer(BaseStreamer):
         if not self.prompt_seen:  # generate() first passes the prompt batch
             self.prompt_seen = True
             return
+        for m, member in enumerate(self.members):
+            if not self.cancelled[m] and member[0].is_cancelled():
+                self.cancelled[m] = True
+                self.done = [d or self.rows[r][0] == m for r, d in enumerate(self.done)]
+        if all(self.cancelled):  # every client went away: stop generating for them
+            raise StreamCancelled(f"{len(self.members)} request(s) cancelled by their clients")
         tokens = value.reshape(-1).tolist()
         pieces: dict[int, list[str]] = {}
         for row, token in enumerate(tokens):
@@ -304,6 +321,12 @@ class PieceStreamer(BaseStreamer):
     def end(self) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for m, (sender, shape, prompts, ids, _full) in enumerate(self.members):
+            if self.cancelled[m]:
+                try:
+                    sender.send(_cancelled(), flags=final)
+                except Exception as exc:  # noqa: BLE001 (the request may be gone already)
+                    pb_utils.Logger.log_info(f"cancelled request not told: {exc!r}")
+                continue
             texts = []
             for i in range(len(prompts)):
                 row = self.rows.index((m, i))
@@ -502,11 +525,16 @@ class TritonPythonModel:
                 self.generate_ids([seq for m in members for seq in m[3]], settings, streamer)
                 streamer.end()
             except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
-                self.logger.log_error(f"{self.name}: generate failed: {exc!r}")
-                error = f"generation failed: {exc}"
+                cancelled = isinstance(exc, StreamCancelled)
+                if cancelled:
+                    self.logger.log_info(f"{self.name}: {exc}; generation stopped")
+                else:
+                    self.logger.log_error(f"{self.name}: generate failed: {exc!r}")
+                error, internal = f"generation failed: {exc}", pb_utils.TritonError.INTERNAL
                 for r, *_ in members:
                     try:
-                        senders[r].send(_error(error, pb_utils.TritonError.INTERNAL), flags=final)
+                        response = _cancelled() if cancelled else _error(error, internal)
+                        senders[r].send(response, flags=final)
                     except Exception as lost:  # noqa: BLE001 (the request is gone, e.g. cancelled)
                         self.logger.log_warn(f"{self.name}: cannot send the error: {lost!r}")
 
