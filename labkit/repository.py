@@ -34,7 +34,16 @@ from .repository_config import (
     validate,
     write_config,
 )
-from .repository_live import index, recover, reload, served_config, stubs, unhealthy, unload
+from .repository_live import (
+    index,
+    recover,
+    reload,
+    restart,
+    served_config,
+    stubs,
+    unhealthy,
+    unload,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -50,6 +59,7 @@ __all__ = [
     "read_config",
     "recover",
     "reload",
+    "restart",
     "served_config",
     "stubs",
     "unhealthy",

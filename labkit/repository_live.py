@@ -182,18 +182,28 @@ def unhealthy(server: TritonServer) -> dict[str, str]:
     return broken
 
 
-def recover(server: TritonServer, models: list[str] | None = None) -> list[str]:
-    """Reload every model whose stub died (see :func:`unhealthy`); return the names reloaded.
+def restart(server: TritonServer, name: str) -> None:
+    """Reload ``name`` with new instances although nothing changed (``load`` alone is a no-op).
 
-    The reload passes the model's served configuration back to Triton, which makes it start new
-    instances even though ``config.pbtxt`` did not change; requests are answered by the new
-    instances as soon as they are ready.
+    The version folders get a new modification time, so Triton loads the model anew and moves
+    requests to the new instances when they are ready; the old ones serve until then. (A newer
+    ``config.pbtxt`` alone is not enough: Triton then updates the config of the running instances.)
     """
-    import json  # noqa: PLC0415
+    folder = Path(server.model_repository) / check_name(name)
+    versions = [p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        raise MissingFileError(f"model {name!r} has no version folder in {str(folder)!r}")
+    for version in versions:
+        for item in [version, *version.iterdir()]:
+            if not item.is_symlink():
+                os.utime(item)
+    server.load_model(name)
 
+
+def recover(server: TritonServer, models: list[str] | None = None) -> list[str]:
+    """Restart every model whose stub died (see :func:`unhealthy`); return the names restarted."""
     names = models if models is not None else list(unhealthy(server))
     for name in names:
-        config = server.client().get_model_config(check_name(name))
-        log.warning("reloading %s: a Python stub process of it had died", name)
-        server.load_model(name, config=json.dumps(config))
+        log.warning("restarting %s: a Python stub process of it had died", name)
+        restart(server, name)
     return names

@@ -8,8 +8,8 @@ Two phases on one server, on a run folder's own copy of the model repository:
    (Triton's own ``nv_inference_request_success`` / ``_failure`` counters), throughput and
    latencies, and memory growth between the first and the last ``memory_window_s`` seconds.
 2. **Faults** (``faults=True``), each under a load of ``fault_threads`` Python clients: the model
-   reloaded (a forced reload of its served configuration: failed requests are counted; Triton
-   answers them all), then its Python stub killed with SIGKILL and :func:`labkit.repository.
+   restarted (:func:`labkit.repository.restart`: new instances replace the old; failed requests
+   are counted), then its Python stub killed with SIGKILL and :func:`labkit.repository.
    recover` called (requests refused while the stub was dead, seconds to recover, failures after).
 
 The result (``soak.json`` in the run folder) says in ``passed`` whether the load had zero failed
@@ -235,7 +235,7 @@ def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
 
 def fault_phase(server, settings: SoakSettings) -> dict:
     """A forced reload, then a killed stub and :func:`recover`, each under Python-client load."""
-    from .repository_live import recover, stubs, unhealthy  # noqa: PLC0415
+    from .repository_live import recover, restart, stubs, unhealthy  # noqa: PLC0415
 
     half = settings.fault_window_s / 2
     figures: dict = {}
@@ -244,8 +244,7 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         load.wait_for(settings.fault_threads)
         time.sleep(half)
         started = time.monotonic()
-        config = server.client().get_model_config(settings.model)
-        server.load_model(settings.model, config=json.dumps(config))
+        restart(server, settings.model)
         reloaded = time.monotonic()
         time.sleep(half)
     figures["reload"] = {

@@ -48,7 +48,8 @@ def test_a_forced_reload_under_load_fails_nothing_and_a_killed_stub_is_recovered
     assert faults["reload"]["failed"] == 0 and faults["reload"]["requests"] > 0
     kill = faults["stub_kill"]
     assert kill["recovered_models"] == ["tiny-falcon"]
-    assert kill["errors"] == ["Stub process 'tiny-falcon_0' is not healthy."]
+    # whether requests are refused while the stub is dead depends on timing; if so, by this error
+    assert set(kill["errors"]) <= {"Stub process 'tiny-falcon_0' is not healthy."}
     assert kill["failed_after_recover"] == 0 and kill["answered_after_recover"] >= 4
 
 
