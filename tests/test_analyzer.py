@@ -7,8 +7,8 @@ from test_profiling import write_sleepy_model
 
 from labkit import analyzer, plots
 from labkit.errors import ConfigError, ToolTimeoutError
+from labkit.locate import _is_labkit_wrapper, locate_tritonserver
 from labkit.repository import served_config
-from labkit.server import _is_labkit_wrapper, locate_tritonserver
 
 pytestmark = pytest.mark.skipif(
     analyzer.find_model_analyzer() is None,
