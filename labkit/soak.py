@@ -10,7 +10,9 @@ Two phases on one server, on a run folder's own copy of the model repository:
 2. **Faults** (``faults=True``), each under a load of ``fault_threads`` Python clients: the model
    restarted (:func:`labkit.repository.restart`: new instances replace the old; failed requests
    are counted), then its Python stub killed with SIGKILL and :func:`labkit.repository.
-   recover` called (requests refused while the stub was dead, seconds to recover, failures after).
+   recover` called. Observed on Triton 2.51: the requests in flight on the stub fail with
+   ``Stub process '<m>_0' is not healthy.`` (some only once the new instance takes over), those
+   sent later fail at once with it or wait for the new instance, depending on timing.
 
 The result (``soak.json`` in the run folder) says in ``passed`` whether the load had zero failed
 requests and memory grew by less than ``max_memory_growth_percent``. A benchmark, not a test: the
@@ -277,7 +279,9 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         "recovered_models": reloaded_models,
         "recover_seconds": round(recovered - recovering, 1),
         "refused_while_dead": len(refused),
-        "errors": sorted({m for _, m in refused})[:3],
+        "answered_while_dead": load.successes(killed) - load.successes(recovered),
+        "failed_in_all": len(load.failures()),
+        "errors": sorted({m for _, m in load.failures()})[:3],
         "failed_after_recover": len(load.failures(recovered)),
         "answered_after_recover": load.successes(recovered),
     }
