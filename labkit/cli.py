@@ -28,7 +28,10 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="labkit",
+        description="triton-labkit: serve Hugging Face transformers on Triton, and the lab around it",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
