@@ -1,6 +1,6 @@
 # The README's two commands: `make demo` runs the lab end to end, `make test` runs the tests.
 # Each installs what it needs first. CI (.ci/run) runs `make test`.
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint format bench soak clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,6 +24,9 @@ format:
 
 bench: install
 	$(BIN)/labkit bench batching --json runs/bench-batching.json
+
+soak: install
+	$(BIN)/labkit bench soak --json runs/bench-soak.json
 
 clean:
 	rm -rf runs .pytest_cache

@@ -439,6 +439,11 @@ class TritonPythonModel:
                 raise RequestError(
                     f"prompt {i} of {INPUT_NAME!r} is empty or only whitespace; send some text"
                 )
+            if "\x00" in item:
+                raise RequestError(
+                    f"prompt {i} of {INPUT_NAME!r} contains a NUL byte (at character "
+                    f"{item.index(chr(0))}); send plain text"
+                )
             prompts.append(item)
 
         raw = json.loads(request.parameters() or "{}")
