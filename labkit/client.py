@@ -50,6 +50,15 @@ def _unreachable(url: str, exc: BaseException) -> InferenceError:
     return error
 
 
+def error_text(exc: urllib.error.HTTPError) -> str:
+    """The reason in a refused HTTP request: Triton's ``{"error": ...}`` field, else the body."""
+    text = exc.read().decode("utf-8", "replace")
+    try:
+        return json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        return text
+
+
 def _prompt_array(prompts: str | bytes | Sequence[str | bytes], batched: bool) -> np.ndarray:
     items = [prompts] if isinstance(prompts, (str, bytes)) else list(prompts)
     if not items:
@@ -163,12 +172,7 @@ def generate(
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             raw = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace")
-        try:
-            text = json.loads(text).get("error", text)
-        except ValueError:
-            pass
-        raise _refused(model, exc.code, text) from None
+        raise _refused(model, exc.code, error_text(exc)) from None
     except (urllib.error.URLError, OSError) as exc:
         raise _unreachable(url, exc) from None
     seconds = time.perf_counter() - started

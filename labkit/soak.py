@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import proc
+from .client import error_text
 from .errors import ConfigError, ToolError
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,7 @@ class Load:
                     response.read()
                     outcome = (response.status, "")
             except urllib.error.HTTPError as exc:
-                text = exc.read().decode("utf-8", "replace")
-                try:
-                    text = json.loads(text).get("error", text)
-                except ValueError:
-                    pass
-                outcome = (exc.code, text)
+                outcome = (exc.code, error_text(exc))
             except OSError as exc:
                 outcome = (0, repr(exc))
             self.outcomes.append((sent, *outcome))
