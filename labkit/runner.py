@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -37,7 +36,6 @@ log = logging.getLogger(__name__)
 #: The parameter through which the runner hands a notebook its own working folder.
 RUN_DIR_PARAMETER = "run_dir"
 #: Files at least this large are hard-linked, not copied, into a run's model repository.
-LINK_THRESHOLD_BYTES = 8 * 1024 * 1024
 
 
 # -- where things are ---------------------------------------------------------------------------
@@ -92,29 +90,21 @@ def copy_model_repository(
 ) -> Path:
     """Copy a model repository into ``run_dir/model_repository`` and return the copy.
 
-    Notebooks edit and serve the copy, never the checkout. Symbolic links (prepared weights) are
-    kept as links; files over :data:`LINK_THRESHOLD_BYTES` are hard-linked when the file system
-    allows it (weights are never written in place), everything else is copied.
+    Notebooks edit and serve the copy, never the checkout; weights are linked, not copied
+    (:meth:`labkit.repository.Repository.copy_to`). A notebook run again in the same run folder
+    keeps the copy it already has, with its edits.
     """
+    from .repository import Repository  # noqa: PLC0415
+
     src = Path(source) if source else project_root() / "model_repository"
     if not src.is_dir():
         raise MissingFileError(
             f"model repository {str(src)!r} does not exist; pass source= a folder of models"
         )
     target = Path(run_dir) / "model_repository"
-
-    def copy(s: str, d: str) -> str:
-        if os.path.getsize(s) >= LINK_THRESHOLD_BYTES:
-            with contextlib.suppress(OSError):
-                os.link(s, d)
-                return d
-        return shutil.copy2(s, d)
-
-    ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints")
-    shutil.copytree(
-        src, target, symlinks=True, ignore=ignore, copy_function=copy, dirs_exist_ok=True
-    )
-    return target
+    if target.is_dir() and any(target.iterdir()):
+        return target
+    return Repository(src).copy_to(target).path
 
 
 # -- inputs -------------------------------------------------------------------------------------

@@ -256,21 +256,25 @@ def test_two_interactive_runs_never_share_a_folder(tmp_path, monkeypatch):
     assert first.name.endswith("-01_serve") and second.name.startswith(first.name)
 
 
-def test_the_model_repository_copy_is_independent_of_the_source(tmp_path, monkeypatch):
+def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
     source = tmp_path / "repo"
     (source / "m" / "1").mkdir(parents=True)
     (source / "m" / "config.pbtxt").write_text('backend: "python"\n')
-    (source / "m" / "1" / "big.bin").write_bytes(b"\0" * 4096)
+    (source / "m" / "1" / "model.safetensors").write_bytes(b"\0" * 4096)
     (tmp_path / "weights").mkdir()
     os.symlink(tmp_path / "weights", source / "m" / "weights")
-    monkeypatch.setattr(runner, "LINK_THRESHOLD_BYTES", 1024)
 
     copy = runner.copy_model_repository(tmp_path / "run", source)
 
     (copy / "m" / "config.pbtxt").write_text("max_batch_size: 8\n")
     assert (source / "m" / "config.pbtxt").read_text() == 'backend: "python"\n'
     assert (copy / "m" / "weights").is_symlink()
-    assert os.path.samefile(copy / "m" / "1" / "big.bin", source / "m" / "1" / "big.bin")
+    assert os.path.samefile(
+        copy / "m" / "1" / "model.safetensors", source / "m" / "1" / "model.safetensors"
+    )
+    # run again in the same folder: the run's copy and its edit are kept
+    assert runner.copy_model_repository(tmp_path / "run", source) == copy
+    assert (copy / "m" / "config.pbtxt").read_text() == "max_batch_size: 8\n"
     with pytest.raises(MissingFileError, match="does not exist"):
         runner.copy_model_repository(tmp_path / "run2", tmp_path / "nothing")
 
