@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError, MissingDependencyError, MissingFileError
+from .errors import ConfigError, MissingFileError
 from .repository_config import (
     CONFIG_FILE,
     KINDS,
@@ -274,14 +274,9 @@ class Repository:
 
 def textgen_config(name: str, *, huggingface_model: str) -> ModelConfig:
     """A text generation model's configuration, from ``labkit.models`` (the textgen template's)."""
-    try:
-        from .models import CatalogEntry  # noqa: PLC0415
-        from .models import textgen_config as build  # noqa: PLC0415
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "adding a text generation model needs labkit.models, which is missing from this "
-            "checkout; reinstall labkit"
-        ) from exc
+    from .models import CatalogEntry  # noqa: PLC0415 (models imports this module)
+    from .models import textgen_config as build  # noqa: PLC0415
+
     entry = CatalogEntry(name, huggingface_model, f"added from {huggingface_model}", 0.0)
     return build(entry, name)
 
@@ -296,12 +291,10 @@ def _guess_template(folder: Path) -> str:
 
 
 def _catalog() -> set[str]:
-    """The names in ``labkit.models``' catalog (empty when that module is not installed)."""
-    try:
-        from . import models  # noqa: PLC0415
-    except ImportError:
-        return set()
-    return set(getattr(models, "CATALOG", {}))
+    """The names in ``labkit.models``' catalog."""
+    from .models import CATALOG  # noqa: PLC0415 (models imports this module)
+
+    return set(CATALOG)
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
