@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 import pytest
 
 from labkit.server import TritonServer
+
+#: A Python-backend model config with one string input and one string output, no batching.
+TEXT_MODEL_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
+output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
+"""
+
+
+def write_python_model(repo, name, model_py, config=TEXT_MODEL_CONFIG):
+    """Write ``repo/name/config.pbtxt`` and ``repo/name/1/model.py``."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
+
 
 # No test may reach a model hub: everything runs from local files.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import textwrap
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+from conftest import write_python_model
 from nbformat.v4 import new_code_cell, new_notebook
 
 from labkit import models, runner
@@ -140,12 +140,6 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
     assert region and not any(os.path.exists(r) for r in region)
 
 
-SLOW_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
-output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
-"""
 SLOW_MODEL = """
 import time
 
@@ -161,9 +155,7 @@ class TritonPythonModel:
 @pytest.mark.integration
 def test_sigterm_while_a_model_loads_ends_the_server_and_leaves_nothing(tmp_path):
     repo = tmp_path / "repo"
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
-    (repo / "slow" / "1" / "model.py").write_text(textwrap.dedent(SLOW_MODEL))
+    write_python_model(repo, "slow", SLOW_MODEL)
     server = TritonServer(
         repo,
         http_port=0,
@@ -210,10 +202,10 @@ def test_a_killed_notebook_kernel_leaves_no_server(tmp_path):
     from jupyter_client.manager import start_new_kernel  # noqa: PLC0415
 
     repo = tmp_path / "repo"
-    (repo / "idle" / "1").mkdir(parents=True)
-    (repo / "idle" / "config.pbtxt").write_text(SLOW_CONFIG)
-    (repo / "idle" / "1" / "model.py").write_text(
-        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    write_python_model(
+        repo,
+        "idle",
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     manager, kernel = start_new_kernel(kernel_name="python3", env=env)

@@ -14,16 +14,10 @@ import urllib.request
 
 import psutil
 import pytest
+from conftest import write_python_model
 
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError
 from labkit.server import TritonServer, locate_tritonserver
-
-ECHO_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [{ name: "text_input" data_type: TYPE_STRING dims: [-1] }]
-output [{ name: "text_output" data_type: TYPE_STRING dims: [-1] }]
-"""
 
 ECHO_MODEL = """
 import numpy as np
@@ -40,10 +34,8 @@ class TritonPythonModel:
 """
 
 
-def write_model(repo, name, model_py=ECHO_MODEL, config=ECHO_CONFIG):
-    (repo / name / "1").mkdir(parents=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
+def write_model(repo, name, model_py=ECHO_MODEL):
+    write_python_model(repo, name, model_py)
 
 
 @pytest.fixture
