@@ -8,7 +8,6 @@ p50 and p99 latencies, the server's average batch size and the throughput ratio.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
@@ -16,10 +15,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import profiling
-from .errors import ConfigError
-from .repository import Repository, apply_edits, reload
-from .server import TritonServer
+from labkit import profiling
+from labkit.errors import ConfigError
+from labkit.repository import Repository, apply_edits
+from labkit.repository.models import prepare_repository
+from labkit.server import TritonServer, reload
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class BatchingSettings:
     model: str = "smollm2"
     concurrency: int = 8
     max_batch_size: int = 8
-    max_queue_delay_us: int = 0  # the tutorial's `dynamic_batching {}`
+    max_queue_delay_microseconds: int = 0  # the tutorial's `dynamic_batching {}`
     string_data: str = "Where is the nearest"
     request_parameters: dict = field(default_factory=dict)
     measurement_mode: str = "count_windows"
@@ -77,21 +77,21 @@ def batching(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     repo = Repository(repository).copy_to(run_dir / "model_repository")
-    _prepare_weights(repo.path)
+    prepare_repository(repo.path)
     base = repo.config(s.model)
     off = apply_edits(base, dynamic_batching=False)
     on = apply_edits(
         base,
         max_batch_size=max(base.max_batch_size, s.max_batch_size),
         dynamic_batching=True,
-        max_queue_delay_microseconds=s.max_queue_delay_us,
+        max_queue_delay_microseconds=s.max_queue_delay_microseconds,
     )
     repo.write_config(s.model, off)
     result: dict = {
         "model": s.model,
         "concurrency": s.concurrency,
         "max_batch_size": on.max_batch_size,
-        "max_queue_delay_us": s.max_queue_delay_us,
+        "max_queue_delay_microseconds": s.max_queue_delay_microseconds,
         "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
         "run_dir": str(run_dir),
     }
@@ -154,14 +154,6 @@ def _input_name(server: TritonServer, model: str) -> str:
     return inputs[0]["name"]
 
 
-def _prepare_weights(repo: Path) -> None:
-    try:
-        from .models import prepare_repository  # noqa: PLC0415
-    except ImportError:  # a checkout without the model builders
-        return
-    prepare_repository(repo)
-
-
 def table(result: dict) -> str:
     """The result as a small text table."""
     rows = [
@@ -194,43 +186,3 @@ def table(result: dict) -> str:
 
 
 # -- command line -------------------------------------------------------------------------------
-def register_cli(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks that write their figures (JSON and a table)")
-    kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    p = kinds.add_parser("batching", help="dynamic batching off then on, one model, one server")
-    d = BatchingSettings()
-    p.add_argument("--model", default=d.model, help="model to measure (default: %(default)s)")
-    p.add_argument("--repository", default="model_repository", help="source model repository")
-    p.add_argument("--concurrency", type=int, default=d.concurrency)
-    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
-    p.add_argument("--max-queue-delay-us", type=int, default=d.max_queue_delay_us)
-    p.add_argument("--string-data", default=d.string_data, help="the prompt every request sends")
-    p.add_argument("--max-tokens", type=int, help="request parameter max_tokens (new tokens)")
-    p.add_argument("--request-count", type=int, help="requests per measurement window")
-    p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
-    p.add_argument("--json", help="also write the result to this JSON file")
-    p.set_defaults(handler=_cli_batching)
-
-
-def _cli_batching(args) -> int:
-    settings = BatchingSettings(
-        model=args.model,
-        concurrency=args.concurrency,
-        max_batch_size=args.max_batch_size,
-        max_queue_delay_us=args.max_queue_delay_us,
-        string_data=args.string_data,
-        request_parameters={"max_tokens": args.max_tokens} if args.max_tokens else {},
-        measurement_request_count=args.request_count,
-    )
-    from .runner import run_folder  # noqa: PLC0415
-
-    run_dir = run_folder(args.run_dir, notebook="bench-batching")
-    result = batching(args.repository, run_dir, settings)
-    print(table(result))
-    text = json.dumps(result, indent=2)
-    (run_dir / "batching.json").write_text(text)
-    if args.json:
-        Path(args.json).write_text(text)
-        print(f"wrote {args.json}")
-    print(f"run folder: {run_dir}")
-    return 0

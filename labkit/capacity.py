@@ -9,9 +9,9 @@ a machine is too small. This module automates that advice before anything is loa
   activations and the KV cache, plus the fixed cost of the Python-backend stub process that holds
   it (torch and transformers themselves), once per model instance. The parameter count comes from
   the checkpoint itself when it is on this machine (safetensors headers are read; no weights are
-  loaded), otherwise from ``labkit.models``' catalog.
-- :func:`host_memory` / :func:`gpu_memory` say what the machine has (psutil; ``nvidia-smi``), and
-  :func:`served_memory` what the loaded models really hold (from :mod:`labkit.capacity_host`).
+  loaded), otherwise from the catalog (:mod:`labkit.repository.models`).
+- :mod:`labkit.hardware` says what the machine has (psutil; ``nvidia-smi``), and
+  :func:`served_memory` what the loaded models really hold.
 - :func:`plan` walks a list of models in order, keeps those that fit in what is left, and replaces
   one that does not with a small fallback (``opt125m``) with a logged warning, or refuses it.
 """
@@ -28,15 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .capacity_host import GIB, Memory, device_memory, resolve_device
-from .capacity_host import gpu_memory as gpu_memory  # re-exported, as are the three below
-from .capacity_host import host_memory as host_memory
-from .capacity_host import parse_nvidia_smi as parse_nvidia_smi
-from .capacity_host import served_memory as served_memory
-from .errors import ConfigError
+import pandas as pd
+import psutil
+from tritonclient.grpc import model_config_pb2
+
+from labkit.errors import ConfigError, ServerError
+from labkit.hardware import (
+    GIB,
+    Memory,
+    device_memory,
+    gpu_memory_by_pid,
+    host_memory,
+    resolve_device,
+)
+from labkit.repository.config import read_config
+from labkit.repository.models import BUILDERS, CATALOG, MARKER, model_folder
+from labkit.settings import cache_dir, hf_home, project_root
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from labkit.server import TritonServer
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +110,7 @@ def count_checkpoint(folder: str | os.PathLike) -> Checkpoint:
                 f"{str(folder)!r} holds no *.safetensors or pytorch_model*.bin weights; "
                 "pass a folder saved with save_pretrained"
             )
-        import torch  # noqa: PLC0415
+        import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
 
         for path in files:
             seen = set()
@@ -164,10 +174,6 @@ class _Source:
 
 
 def _from_repository(folder: Path) -> _Source:
-    from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
-
-    from .repository_config import read_config  # noqa: PLC0415
-
     cfg = read_config(folder / "config.pbtxt")
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     kind = EMBEDDING if any(o.name == "embedding" for o in cfg.output) else TEXTGEN
@@ -186,8 +192,6 @@ def _from_repository(folder: Path) -> _Source:
 
 
 def _catalog_source(name: str) -> _Source | None:
-    from .models import CATALOG  # noqa: PLC0415
-
     entry = CATALOG.get(name)
     if entry is None:
         return None
@@ -202,15 +206,12 @@ def _catalog_source(name: str) -> _Source | None:
 
 def _local_folder(src: _Source) -> Path | None:
     """The checkpoint folder on this machine that the model will load, if there is one."""
-    from . import embedding, models  # noqa: PLC0415
-    from .settings import cache_dir, hf_home  # noqa: PLC0415
-
     hub = src.huggingface_model
-    if src.builder and src.builder in models.BUILDERS:
-        built = cache_dir() / "models" / models.BUILDERS[src.builder].directory
-        return built if (built / models.MARKER).is_file() else None
+    if src.builder and src.builder in BUILDERS:
+        built = cache_dir() / "models" / BUILDERS[src.builder].directory
+        return built if (built / MARKER).is_file() else None
     if hub.startswith("package:"):
-        return Path(embedding.model_folder(hub))
+        return Path(model_folder(hub))
     path = Path(hub).expanduser()
     if src.folder is not None and not path.is_absolute():
         path = src.folder / path
@@ -224,8 +225,6 @@ def _local_folder(src: _Source) -> Path | None:
 
 
 def _catalog_billions(src: _Source) -> float | None:
-    from .models import CATALOG  # noqa: PLC0415
-
     if src.catalog_billions is not None:
         return src.catalog_billions
     for entry in CATALOG.values():
@@ -262,8 +261,6 @@ def estimate(
     offline weights, a package's files, a folder, a Hub download in ``HF_HOME``), else from the
     catalog.
     """
-    from .runner import project_root  # noqa: PLC0415
-
     device = resolve_device(device)
     root = Path(repository) if repository is not None else project_root() / "model_repository"
     folder = root / model
@@ -316,7 +313,6 @@ class Plan:
 
     @property
     def table(self) -> pd.DataFrame:
-        import pandas as pd  # noqa: PLC0415
 
         return pd.DataFrame(self.rows or None, columns=None if self.rows else ["model"]).set_index(
             "model"
@@ -431,3 +427,41 @@ def plan(
         log.warning(message)
         chosen.messages.append(message)
     return chosen
+
+
+# -- what the served models hold --------------------------------------------------------------
+STUB = "triton_python_backend_stub"
+
+
+def served_memory(server: TritonServer) -> pd.DataFrame:
+    """Memory of each served model's stub processes on a local server: resident host memory
+    (RSS) and GPU memory (``nvidia-smi``; 0 without a GPU).
+
+    A stub's command line names the ``model.py`` it runs (``<repo>/<model>/<version>/model.py``).
+    The resident set includes weights memory-mapped from the checkpoint once they have been read,
+    so measure after the model has answered a request.
+    """
+
+    if server.pid is None:
+        raise ServerError(
+            f"{server!r} runs no local process (remote or stopped); served_memory() measures "
+            "the stub processes of a server started here"
+        )
+    on_gpu = gpu_memory_by_pid()
+    totals: dict[str, list[tuple[int, int]]] = {}
+    for child in psutil.Process(server.pid).children(recursive=True):
+        try:
+            argv = child.cmdline()
+            if len(argv) < 2 or not argv[0].endswith(STUB):
+                continue
+            rss = child.memory_info().rss
+        except psutil.Error:  # a stub that ended meanwhile
+            continue
+        name = Path(argv[1]).parent.parent.name
+        totals.setdefault(name, []).append((rss, on_gpu.get(child.pid, 0)))
+    columns = ["model", "processes", "resident (GiB)", "gpu (GiB)"]
+    rows = [
+        (m, len(r), round(sum(x for x, _ in r) / GIB, 3), round(sum(g for _, g in r) / GIB, 3))
+        for m, r in sorted(totals.items())
+    ]
+    return pd.DataFrame(rows, columns=columns).set_index("model")

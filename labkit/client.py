@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from tritonclient.utils import InferenceServerException
 
-from .errors import ConfigError, InferenceError
-from .settings import redact
+from labkit.errors import ConfigError, InferenceError
+from labkit.settings import redact
 
 INPUT_NAME = "text_input"
 OUTPUT_NAME = "text_output"
@@ -75,22 +76,19 @@ def _decode(array: np.ndarray) -> list[str]:
 def _client(url: str, protocol: str, timeout_s: float = 600.0):
     """``(tritonclient module, client)`` for ``protocol``."""
     if protocol == "http":
-        import tritonclient.http as module  # noqa: PLC0415
+        import tritonclient.http as module  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
         address = _address(url)
         return module, module.InferenceServerClient(
             address, connection_timeout=timeout_s, network_timeout=timeout_s
         )
     if protocol == "grpc":
-        import tritonclient.grpc as module  # noqa: PLC0415
-
         return module, module.InferenceServerClient(_address(url))
     raise ConfigError(f"protocol {protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
 
 
 def _call(url: str, model: str, function, *args, **kwargs):
     """Run a tritonclient call; its refusals and connection errors become InferenceError."""
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
     try:
         return function(*args, **kwargs)

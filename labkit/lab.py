@@ -1,13 +1,19 @@
-"""Notebook glue: a run's own copy of the model repository, with the model it needs, ready to serve."""
+"""Notebook glue: a run's own copy of the model repository, its server, and code to show.
+
+Each notebook makes its server with :func:`start_server`, so every notebook's server binds free
+loopback ports, keeps its log in the run folder and is stopped with the kernel.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
-from .models import add_model, catalog, prepare_repository
-from .repository import Repository
-from .runner import copy_model_repository
+from labkit.errors import ConfigError, LabkitError, MissingFileError
+from labkit.repository import Repository, add_model, catalog, prepare_repository
+from labkit.runner import copy_model_repository
+from labkit.server import TritonServer
 
 
 def prepare_run_repository(
@@ -35,8 +41,6 @@ def prepare_run_repository(
 
 
 def raise_unknown(name: str, present: set[str], known: set[str]) -> None:
-    from .errors import ConfigError  # noqa: PLC0415
-
     raise ConfigError(
         f"model {name!r} is neither in the model repository ({', '.join(sorted(present))}) nor in "
         f"the catalog ({', '.join(sorted(known))}); pick one of those"
@@ -56,3 +60,76 @@ def describe_repository(repository: str | os.PathLike) -> str:
             shown = f"{rel} -> {os.readlink(item)}" if item.is_symlink() else str(rel)
             lines.append(f"    {shown}")
     return "\n".join(lines)
+
+
+def start_server(
+    run_dir: str | os.PathLike,
+    repository: str | os.PathLike,
+    models: list[str] | str = "*",
+    *,
+    mode: str | None = None,
+    url: str | None = None,
+    http_port: int = 0,
+    grpc_port: int = 0,
+    metrics_port: int = 0,
+    **options: object,
+) -> TritonServer:
+    """Start (or attach to) a Triton server on ``repository`` and return it once ready.
+
+    Ports default to free ones (the tutorial's are 8000, 8001 and 8002); the server's log is
+    ``<run_dir>/tritonserver.log``; ``options`` go to :class:`~labkit.server.TritonServer`.
+    """
+    server = TritonServer(
+        repository,
+        mode=mode,
+        url=url or None,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        load_models=models,
+        log_path=Path(run_dir) / "tritonserver.log",
+        **options,
+    )
+    return server.start()
+
+
+def show_code(path: str | os.PathLike, *names: str) -> str:
+    """The source of the named functions or methods (``TritonPythonModel.execute``) in a file.
+
+    The file is parsed, not imported: a model's ``model.py`` imports the server's
+    ``triton_python_backend_utils``, which only exists inside Triton.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFileError(f"no file {str(path)!r} to show code from")
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, filename=str(path))
+    shown = []
+    for name in names:
+        node = _find(tree, name.split("."))
+        if node is None:
+            raise ConfigError(f"{str(path)!r} defines no {name!r}; check the name")
+        start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        lines = text.splitlines()[start - 1 : node.end_lineno]
+        shown.append(f"# {path.name}, lines {start}-{node.end_lineno}\n" + "\n".join(lines))
+    return "\n\n".join(shown)
+
+
+def _find(tree: ast.AST, parts: list[str]) -> ast.AST | None:
+    for node in getattr(tree, "body", []):
+        defines = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        if isinstance(node, defines) and node.name == parts[0]:
+            return node if len(parts) == 1 else _find(node, parts[1:])
+    return None
+
+
+def expect_error(call, *args: object, **kwargs: object) -> LabkitError:
+    """Call ``call`` and return the :class:`LabkitError` it raised; no error is an AssertionError.
+
+    For a notebook cell that shows a refusal: the lesson is the error, so its absence fails.
+    """
+    try:
+        call(*args, **kwargs)
+    except LabkitError as error:
+        return error
+    raise AssertionError(f"{getattr(call, '__name__', call)} raised no error for {args!r}")

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from .errors import ConfigError
+from labkit.errors import ConfigError
 
 #: The server-side parts of a request's latency, in the order they happen.
 BREAKDOWN = {
@@ -38,7 +38,7 @@ def throughput_vs_latency(
     data: pd.DataFrame | Iterable[pd.DataFrame], latency: str = "p99_ms", title: str | None = None
 ):
     """Throughput against latency, one line per configuration, each point one concurrency."""
-    import plotly.express as px  # noqa: PLC0415
+    import plotly.express as px  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     frame = _frame(data, ["throughput", latency, "concurrency"])
     fig = px.line(
@@ -60,7 +60,7 @@ def throughput_vs_latency(
 
 def latency_breakdown(data: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = None):
     """The server-side latency per concurrency, stacked by part; one panel per configuration."""
-    import plotly.express as px  # noqa: PLC0415
+    import plotly.express as px  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     frame = _frame(data, ["concurrency", *BREAKDOWN])
     parts = list(BREAKDOWN)
@@ -88,8 +88,8 @@ def batching_comparison(
     off: pd.DataFrame, on: pd.DataFrame, latency: str = "p99_ms", title: str | None = None
 ):
     """Batching off against on: throughput (bars) and latency (lines) per concurrency."""
-    import plotly.graph_objects as go  # noqa: PLC0415
-    from plotly.subplots import make_subplots  # noqa: PLC0415
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
+    from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for frame, name, colour in ((off, "batching off", "#8c8c8c"), (on, "batching on", "#76b900")):
@@ -119,7 +119,7 @@ def batching_comparison(
 def batch_sizes(data: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = None):
     """The average batch the server executed, per concurrency (perf_analyzer frames) or per model
     (:func:`labkit.profiling.metrics` frames)."""
-    import plotly.express as px  # noqa: PLC0415
+    import plotly.express as px  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     frame = data if isinstance(data, pd.DataFrame) else pd.concat(list(data), ignore_index=True)
     if "concurrency" in frame:

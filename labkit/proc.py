@@ -8,8 +8,8 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from .errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
-from .settings import redact
+from labkit.errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
+from labkit.settings import redact
 
 log = logging.getLogger(__name__)
 

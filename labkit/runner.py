@@ -5,7 +5,7 @@ notebooks (all of ``notebooks/`` in order when none is named) into ``runs/<times
 
 - ``<stem>.ipynb`` the executed notebook (saved even when a cell fails, with the error in it),
 - ``<stem>.html`` its nbconvert HTML (plots included), and ``index.html`` linking them,
-- ``<stem>/`` the notebook's own working folder (passed as the ``run_dir`` parameter when the
+- ``<stem>/`` the notebook's own working folder (passed as the ``RUN_DIR`` parameter when the
   notebook declares it; the notebook gets it back from :func:`run_folder`),
 - ``summary.json`` the summary table that is also printed at the end.
 
@@ -27,29 +27,22 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, MissingFileError
-from .runner_report import NotebookResult, RunReport, to_html, write_index
-from .settings import setting
+import yaml
+
+from labkit import settings
+from labkit.errors import ConfigError, MissingFileError
+from labkit.report import NotebookResult, RunReport, to_html, write_index
+from labkit.repository import Repository
+from labkit.settings import project_root, runs_root
 
 log = logging.getLogger(__name__)
 
 #: The parameter through which the runner hands a notebook its own working folder.
-RUN_DIR_PARAMETER = "run_dir"
+RUN_DIR_PARAMETER = "RUN_DIR"
 #: Files at least this large are hard-linked, not copied, into a run's model repository.
 
 
 # -- where things are ---------------------------------------------------------------------------
-def project_root() -> Path:
-    """The checkout that holds ``notebooks/`` (labkit's parent folder), else the current folder."""
-    candidate = Path(__file__).resolve().parent.parent
-    return candidate if (candidate / "notebooks").is_dir() else Path.cwd()
-
-
-def runs_root(explicit: str | os.PathLike | None = None) -> Path:
-    """Where run folders go: argument > ``LABKIT_RUNS`` > ``<project>/runs``."""
-    return Path(setting(explicit, "LABKIT_RUNS", project_root() / "runs")).expanduser()
-
-
 def _unique_dir(parent: Path, name: str) -> Path:
     """Create ``parent/name`` (or ``name-2``, ``name-3``... when taken) and return it."""
     parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +63,7 @@ def _timestamp() -> str:
 def run_folder(out: str | os.PathLike | None = None, notebook: str | None = None) -> Path:
     """The notebook's own run folder.
 
-    When papermill passes one (the ``run_dir`` parameter) it is used as is; otherwise (a notebook
+    When papermill passes one (the ``RUN_DIR`` parameter) it is used as is; otherwise (a notebook
     opened in Jupyter) a fresh ``runs/<timestamp>-<notebook>`` is created, so two runs never share
     files. ``notebook`` defaults to the name Jupyter gives the kernel (``JPY_SESSION_NAME``).
     """
@@ -94,8 +87,6 @@ def copy_model_repository(
     (:meth:`labkit.repository.Repository.copy_to`). A notebook run again in the same run folder
     keeps the copy it already has, with its edits.
     """
-    from .repository import Repository  # noqa: PLC0415
-
     src = Path(source) if source else project_root() / "model_repository"
     if not src.is_dir():
         raise MissingFileError(
@@ -141,8 +132,7 @@ def parse_value(text: str) -> Any:
     """A ``-p`` value, typed the way papermill types it: ``True``/``False``/``None``, ints and
     floats; also YAML's ``true``/``false``/``null``, flow lists/maps (``[1, 2]``) and quoted
     strings (``'8000'`` stays a string). Anything else is the string itself."""
-    import yaml  # noqa: PLC0415
-    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415
+    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     special = {
         "True": True,
@@ -169,8 +159,7 @@ def parse_parameters(
     pairs: Sequence[Sequence[str]] = (), params_file: str | os.PathLike | None = None
 ) -> dict[str, Any]:
     """Merge ``--params FILE.yaml`` (a mapping) and then ``-p NAME VALUE`` pairs (which win)."""
-    import yaml  # noqa: PLC0415
-    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415
+    from papermill.iorw import NoDatesSafeLoader  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     params: dict[str, Any] = {}
     if params_file:
@@ -194,7 +183,7 @@ def parse_parameters(
 
 def declared_parameters(notebook: str | os.PathLike) -> dict[str, Any]:
     """The parameters a notebook declares in its ``parameters`` cell, with their defaults."""
-    import papermill  # noqa: PLC0415
+    import papermill  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     return {name: p["default"] for name, p in papermill.inspect_notebook(str(notebook)).items()}
 
@@ -240,7 +229,7 @@ def prepare_run_dir(out: str | os.PathLike | None = None) -> Path:
 
 def check_kernel(kernel_name: str) -> str:
     """Return the Python the kernel runs; raise unless it is this environment's Python."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: PLC0415
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     try:
         spec = KernelSpecManager().get_kernel_spec(kernel_name)
@@ -300,7 +289,7 @@ def run_notebooks(
     """Check every input, then execute each notebook into one run folder and write its index."""
     paths = find_notebooks([str(n) for n in notebooks])
     plan = plan_parameters(paths, dict(parameters or {}))
-    kernel = setting(kernel_name, "LABKIT_KERNEL", "python3")
+    kernel = settings.kernel_name(kernel_name)
     python = check_kernel(kernel)
     run_dir = prepare_run_dir(out)
     log.info("run folder %s; kernel %r runs %s", run_dir, kernel, python)
@@ -341,8 +330,8 @@ def _execute(
     cell_timeout_s: float | None,
     progress_bar: bool,
 ) -> NotebookResult:
-    import papermill  # noqa: PLC0415
-    from papermill.exceptions import PapermillExecutionError  # noqa: PLC0415
+    import papermill  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+    from papermill.exceptions import PapermillExecutionError  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     result = NotebookResult(str(path), str(output), "ok", 0.0)
     log.info("running %s with %s", path.name, params or "its defaults")
@@ -383,7 +372,7 @@ def _execute(
 
 def _error_cell(notebook: Path, fallback: int) -> int:
     """The index of the failing cell in the saved notebook (papermill adds a banner cell above)."""
-    import nbformat  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     cells = nbformat.read(notebook, as_version=4).cells
     for i, cell in enumerate(cells):
@@ -393,50 +382,3 @@ def _error_cell(notebook: Path, fallback: int) -> int:
 
 
 # -- command line -------------------------------------------------------------------------------
-def register_cli(sub) -> None:
-    p = sub.add_parser("run", help="run lab notebooks headless (papermill) into a run folder")
-    p.add_argument(
-        "notebooks",
-        nargs="*",
-        metavar="NOTEBOOK",
-        help="notebook path, name or prefix (default: every notebook in notebooks/)",
-    )
-    p.add_argument("--out", help="run folder (default: runs/<timestamp>)")
-    p.add_argument(
-        "-p",
-        "--parameter",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("NAME", "VALUE"),
-        help="set a notebook parameter (YAML-typed value)",
-    )
-    p.add_argument("--params", metavar="FILE.yaml", help="a YAML mapping of parameters")
-    p.add_argument("--kernel", help="Jupyter kernel name (default: python3, this Python)")
-    p.add_argument(
-        "--cell-timeout",
-        type=float,
-        metavar="SECONDS",
-        help="fail a notebook whose cell runs longer than this",
-    )
-    p.add_argument(
-        "--stop-on-failure",
-        action="store_true",
-        help="do not run the notebooks after a failing one",
-    )
-    p.set_defaults(handler=_cli)
-
-
-def _cli(args) -> int:
-    params = parse_parameters(args.parameter, args.params)
-    report = run_notebooks(
-        args.notebooks,
-        args.out,
-        params,
-        kernel_name=args.kernel,
-        cell_timeout_s=args.cell_timeout,
-        stop_on_failure=args.stop_on_failure,
-    )
-    print(report.table())
-    print(f"\nrun folder: {report.run_dir}\nindex: {report.index}")
-    return 0 if report.ok else 1

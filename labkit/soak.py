@@ -33,9 +33,14 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import proc
-from .client import error_text
-from .errors import ConfigError, ToolError
+import psutil
+
+from labkit import proc, profiling
+from labkit.client import error_text
+from labkit.errors import ConfigError, ToolError
+from labkit.lab import prepare_run_repository
+from labkit.profiling import request_counts
+from labkit.server import TritonServer, recover, restart, stubs, unhealthy
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +129,6 @@ class Load:
 
 def server_memory(pid: int) -> int:
     """Resident bytes of a process and all its descendants (tritonserver and its stubs)."""
-    import psutil  # noqa: PLC0415
 
     total = 0
     root = psutil.Process(pid)
@@ -136,54 +140,31 @@ def server_memory(pid: int) -> int:
     return total
 
 
-def request_counts(metrics_url: str, model: str) -> dict[str, float]:
-    """Triton's success and failure counters for ``model`` (all versions)."""
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    counts = {"success": 0.0, "failure": 0.0}
-    for family in text_string_to_metric_families(text):
-        kind = family.name.removeprefix("nv_inference_request_")
-        if family.name.startswith("nv_inference_request_") and kind in counts:
-            counts[kind] += sum(s.value for s in family.samples if s.labels.get("model") == model)
-    return counts
-
-
 def _perf_analyzer(server, settings: SoakSettings, run_dir: Path) -> dict:
-    from .profiling import locate_perf_analyzer  # noqa: PLC0415
-
-    tool = locate_perf_analyzer()
+    """A perf_analyzer load of three windows, whatever their spread: a soak, not a sweep."""
     config = server.client().get_model_config(settings.model)
-    window_ms = int(settings.duration_s * 1000 / 3)
-    csv_path = run_dir / "soak-perf.csv"
-    args = [
-        tool.path,
-        *("-m", settings.model, "-u", server.http_url, "-i", "http"),
-        f"--string-data={settings.prompt}",
-        f"--shape={config['input'][0]['name']}:1",
-        f"--concurrency-range={settings.concurrency}",
-        "--measurement-mode=time_windows",
-        f"--measurement-interval={window_ms}",
-        "--stability-percentage=1000",  # three windows, whatever the spread: a soak, not a sweep
-        "--max-trials=3",
-        "--verbose-csv",
-        *("-f", csv_path),
-    ]
-    result = proc.run(
-        args, timeout_s=settings.duration_s * 4 + 120, env=tool.environ(), check=False
-    )
-    (run_dir / "soak-perf.log").write_text(f"{result.stdout}\n{result.stderr}")
-    figures = {"perf_analyzer_status": result.returncode}
-    if csv_path.is_file():
-        import pandas as pd  # noqa: PLC0415
-
-        row = pd.read_csv(csv_path).iloc[0]
-        figures["throughput_per_s"] = round(float(row["Inferences/Second"]), 2)
-        for name in ("p50", "p90", "p99"):
-            figures[f"{name}_ms"] = round(float(row[f"{name} latency"]) / 1000, 1)
-    else:
-        figures["perf_analyzer_error"] = proc.tail(result.stderr + result.stdout, 10)
+    try:
+        frame = profiling.perf_analyzer(
+            server,
+            settings.model,
+            concurrency=settings.concurrency,
+            string_data=settings.prompt,
+            shapes={config["input"][0]["name"]: [1]},
+            measurement_interval_ms=int(settings.duration_s * 1000 / 3),
+            stability_percentage=1000,
+            max_trials=3,
+            collect_metrics=False,
+            run_dir=run_dir / "perf",
+            label="soak",
+            timeout_s=settings.duration_s * 4 + 120,
+            progress=False,
+        )
+    except ToolError as exc:
+        return {"perf_analyzer_status": 1, "perf_analyzer_error": proc.tail(str(exc), 10)}
+    row = frame.iloc[0]
+    figures = {"perf_analyzer_status": 0, "throughput_per_s": round(float(row["throughput"]), 2)}
+    for name in ("p50", "p90", "p99"):
+        figures[f"{name}_ms"] = round(float(row[f"{name}_ms"]), 1)
     return figures
 
 
@@ -233,8 +214,6 @@ def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
 
 def fault_phase(server, settings: SoakSettings) -> dict:
     """A forced reload, then a killed stub and :func:`recover`, each under Python-client load."""
-    from .repository_live import recover, restart, stubs, unhealthy  # noqa: PLC0415
-
     half = settings.fault_window_s / 2
     figures: dict = {}
     old = set(stubs(server).get(settings.model, []))
@@ -286,9 +265,6 @@ def fault_phase(server, settings: SoakSettings) -> dict:
 
 def run_soak(settings: SoakSettings, run_dir: str | os.PathLike, source=None) -> dict:
     """Serve ``settings.model`` from a copy of ``source`` in ``run_dir``, soak it, return figures."""
-    from .lab import prepare_run_repository  # noqa: PLC0415
-    from .server import TritonServer  # noqa: PLC0415
-
     settings.check()
     run_dir = Path(run_dir)
     repo = prepare_run_repository(run_dir, models=[settings.model], source=source)
@@ -361,45 +337,3 @@ def table(result: dict) -> str:
 
 
 # -- command line ------------------------------------------------------------------------------
-def register_cli(sub) -> None:
-    """Add ``soak`` under ``labkit bench`` (made here if labkit.bench is not installed)."""
-    import argparse  # noqa: PLC0415
-
-    bench = sub.choices.get("bench") or sub.add_parser("bench", help="benchmarks")
-    kinds = next((a for a in bench._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if kinds is None:
-        kinds = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    d = SoakSettings()
-    p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
-    p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
-    p.add_argument("--repository", default=None, help="source model repository")
-    p.add_argument("--concurrency", type=int, default=d.concurrency)
-    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
-    p.add_argument("--memory-window", type=float, default=d.memory_window_s, help="seconds")
-    p.add_argument("--no-faults", action="store_true", help="skip the reload and the killed stub")
-    p.add_argument("--fault-window", type=float, default=d.fault_window_s, help="seconds")
-    p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
-    p.add_argument("--json", help="also write the figures to this JSON file")
-    p.set_defaults(handler=_cli)
-
-
-def _cli(args) -> int:
-    from .runner import run_folder  # noqa: PLC0415
-
-    settings = SoakSettings(
-        model=args.model,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        memory_window_s=args.memory_window,
-        faults=not args.no_faults,
-        fault_window_s=args.fault_window,
-    ).check()
-    run_dir = run_folder(args.run_dir, notebook="bench-soak")
-    result = run_soak(settings, run_dir, source=args.repository)
-    text = json.dumps(result, indent=2)
-    (run_dir / "soak.json").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(table(result))
-    print(f"figures: {run_dir / 'soak.json'}")
-    return 0 if all(result["passed"].values()) else 1

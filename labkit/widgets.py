@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import ipywidgets as w
 
-from .errors import LabkitError
+from labkit import client, streaming
+from labkit.errors import LabkitError
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +220,6 @@ def prompt_ui(
     ``stream``: None streams exactly the models whose config is decoupled; True or False forces
     it (a non-decoupled model cannot stream: the server then says so in the widget).
     """
-    from . import client, streaming  # noqa: PLC0415
-
     decoupled: dict[str, bool] = {}  # model -> streams; a config that cannot be read is not kept
 
     def call(prompt: str, model: str, **params: Any):
@@ -253,6 +253,5 @@ def _html(text: str, kind: str) -> str:
 
 
 def _strip_tags(markup: str) -> str:
-    import re  # noqa: PLC0415
 
     return re.sub(r"<[^>]+>", "", markup)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +52,27 @@ def start_server(tmp_path):
     yield _start
     for server in started:
         server.stop()
+
+
+@contextlib.contextmanager
+def imported_as_triton_does(version_dir: Path, module: str = "model"):
+    """``version_dir/<module>.py`` imported the way the Python backend's stub imports model.py.
+
+    The stub puts the model's folder on ``sys.path`` and imports ``<version>.model``: the version
+    folder is a package, so the model's ``from . import ...`` finds its siblings. The server's own
+    ``triton_python_backend_utils`` comes from the bundled backend. No ``__pycache__`` is left
+    in the folder (a template's would be packaged).
+    """
+    import pytriton
+
+    backend = str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python")
+    package = version_dir.name
+    saved_path, saved_bytecode = list(sys.path), sys.dont_write_bytecode
+    sys.path[:0] = [str(version_dir.parent), backend]
+    sys.dont_write_bytecode = True
+    try:
+        yield importlib.import_module(f"{package}.{module}")
+    finally:
+        sys.path[:], sys.dont_write_bytecode = saved_path, saved_bytecode
+        for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+            del sys.modules[name]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from test_profiling import write_sleepy_model
 
-from labkit import analyzer, plots
+from labkit import plots
 from labkit.errors import ConfigError, ToolTimeoutError
-from labkit.locate import _is_labkit_wrapper, locate_tritonserver
-from labkit.repository import served_config
+from labkit.profiling import analyzer
+from labkit.server import served_config
+from labkit.server.locate import _is_labkit_wrapper, locate_tritonserver
 
 pytestmark = pytest.mark.skipif(
     analyzer.find_model_analyzer() is None,

@@ -27,14 +27,14 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from labkit import embedding, models, neuron
-from labkit.neuron_gen import GenOptions, TensorSpec, generate_model
-from labkit.repository import stubs
-from labkit.server import TritonServer
+from labkit import embedding, repository
+from labkit.neuron import compiler as neuron
+from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
+from labkit.server import TritonServer, stubs
 
 pytestmark = pytest.mark.integration
 
-STREAMING = "decoupled" in inspect.signature(models.textgen_config).parameters
+STREAMING = "decoupled" in inspect.signature(repository.textgen_config).parameters
 MEGABYTE = "word " * 200_000  # 1 MB of text
 NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": ""}
 
@@ -49,12 +49,12 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad-input")
     repo = root / "repo"
     repo.mkdir()
-    models.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
-    batching = dict(max_batch_size=4, dynamic_batching=True, max_queue_delay_us=1000)
-    models.add_model(repo, "tiny-falcon", name="tfb", max_tokens=4, **batching)
+    repository.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
+    batching = dict(max_batch_size=4, dynamic_batching=True, max_queue_delay_microseconds=1000)
+    repository.add_model(repo, "tiny-falcon", name="tfb", max_tokens=4, **batching)
     if STREAMING:
-        models.add_model(repo, "tiny-falcon", name="tfs", max_tokens=4, decoupled=True)
-    models.prepare_repository(repo)
+        repository.add_model(repo, "tiny-falcon", name="tfs", max_tokens=4, decoupled=True)
+    repository.prepare_repository(repo)
     embedding.add_embedding_model(repo, "minilm", max_batch_size=4)
     artifact = neuron.compile(
         AddSub(), (torch.zeros(1, 4, dtype=torch.int64),) * 2, "cpu", cache_dir=root / "cache"

@@ -23,7 +23,7 @@ def test_bench_batching_writes_both_phases_and_leaves_the_source_untouched(tmp_p
         [
             "bench",
             "batching",
-            "--repository",
+            "--model-repository",
             str(source),
             "--model",
             "sleepy",

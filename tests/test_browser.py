@@ -2,7 +2,7 @@
 
 JupyterLab runs on a free loopback port in its own process session; Playwright drives Debian's
 Chromium (``/usr/bin/chromium``, never a browser that ``playwright install`` downloads). The
-notebook is a copy of the shipped one in ``tmp_path`` with its ``run_dir`` parameter set there
+notebook is a copy of the shipped one in ``tmp_path`` with its ``RUN_DIR`` parameter set there
 and without its last cell (``server.stop()``), so the server is still up when the prompt box is
 used; shutting JupyterLab down must then end the kernel, the Triton server it started and the
 server's stub processes: the test checks with psutil that none is left.
@@ -52,13 +52,13 @@ def free_port() -> int:
 
 
 def notebook_copy(folder: Path) -> Path:
-    """The shipped notebook with ``run_dir`` in ``folder`` and without its final stop cell."""
+    """The shipped notebook with ``RUN_DIR`` in ``folder`` and without its final stop cell."""
     nb = nbformat.read(NOTEBOOK, as_version=4)
     stop = [i for i, c in enumerate(nb.cells) if "server.stop()" in c.source]
     assert stop == [len(nb.cells) - 1], "notebook 01 should end with its server.stop() cell"
     del nb.cells[-1]
     parameters = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    parameters.source += f"\nrun_dir = {str(folder / 'run')!r}\nMAX_TOKENS = 12\n"
+    parameters.source += f"\nRUN_DIR = {str(folder / 'run')!r}\nMAX_TOKENS = 12\n"
     path = folder / NOTEBOOK.name
     nbformat.write(nb, path)
     return path
@@ -235,4 +235,4 @@ def test_notebook_copy_for_the_browser_keeps_every_cell_but_the_stop(tmp_path):
     assert len(copy.cells) == len(shipped.cells) - 1
     assert json.dumps(copy.cells[-1].source) == json.dumps(shipped.cells[-2].source)
     tagged = [c.source for c in copy.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(tagged) == 1 and f"run_dir = {str(tmp_path / 'run')!r}" in tagged[0]
+    assert len(tagged) == 1 and f"RUN_DIR = {str(tmp_path / 'run')!r}" in tagged[0]

@@ -9,9 +9,9 @@ import shutil
 import psutil
 import pytest
 
-from labkit import capacity, models
-from labkit.capacity import GIB, Memory
+from labkit import capacity, hardware, repository
 from labkit.errors import ConfigError
+from labkit.hardware import GIB, Memory
 
 #: A local checkpoint's estimate must be within this of its independently counted weight bytes.
 MARGIN = 0.01
@@ -19,7 +19,7 @@ MARGIN = 0.01
 
 @pytest.fixture(scope="module")
 def smollm2_folder():
-    return models.build_weights("smollm2")  # cached after the first build (about 20 s)
+    return repository.build_weights("smollm2")  # cached after the first build (about 20 s)
 
 
 def small_host(available_gib: float, total_gib: float = 16.0) -> Memory:
@@ -42,7 +42,9 @@ def test_smollm2_estimate_is_its_real_parameter_count_times_four_bytes(smollm2_f
     assert est.weights_bytes == pytest.approx(in_memory, rel=MARGIN)
     file_bytes = (smollm2_folder / "model.safetensors").stat().st_size
     assert est.weights_bytes == pytest.approx(file_bytes, rel=MARGIN)
-    assert est.parameters == pytest.approx(models.CATALOG["smollm2"].parameters_b * 1e9, rel=MARGIN)
+    assert est.parameters == pytest.approx(
+        repository.CATALOG["smollm2"].parameters_b * 1e9, rel=MARGIN
+    )
     expected = est.weights_bytes * 1.2 + capacity.RUNTIME_OVERHEAD_BYTES["cpu"]
     assert est.needed_bytes == int(expected)
 
@@ -68,8 +70,8 @@ def test_embedding_model_is_counted_from_its_package_files():
 
 
 def test_instances_and_a_dtype_parameter_change_the_estimate(tmp_path):
-    models.add_model(tmp_path, "tiny-falcon", "twice", instance_count=2, dtype="bfloat16")
-    models.prepare_repository(tmp_path)
+    repository.add_model(tmp_path, "tiny-falcon", "twice", instance_count=2, dtype="bfloat16")
+    repository.prepare_repository(tmp_path)
     est = capacity.estimate("twice", device="cpu", repository=tmp_path, runtime_bytes=1000)
     one = capacity.estimate("tiny-falcon", device="cpu", runtime_bytes=1000)
     assert est.parameters == one.parameters > 3_000_000
@@ -166,7 +168,7 @@ def test_a_cpu_only_model_on_a_gpu_host_is_charged_to_host_memory():
     assert table.loc["minilm", "device"] == "cpu" and table.loc["smollm2", "device"] == "gpu"
     assert table.loc["smollm2", "dtype"] == "float16"
     assert table.loc["minilm", "free before (GiB)"] == pytest.approx(
-        capacity.host_memory().available_bytes / GIB, abs=0.5
+        hardware.host_memory().available_bytes / GIB, abs=0.5
     )
     assert table.loc["smollm2", "free before (GiB)"] == 2.0
     assert plan.models == ["minilm", "smollm2"]
@@ -182,7 +184,7 @@ def test_a_model_listed_twice_or_a_string_is_an_error():
 
 
 def test_the_real_host_is_measured_with_psutil():
-    host = capacity.host_memory()
+    host = hardware.host_memory()
     assert host.device == "cpu" and host.total_bytes == psutil.virtual_memory().total
     assert 0 < host.available_bytes <= host.total_bytes
     plan = capacity.plan(["persimmon8b"], device="cpu")
@@ -194,29 +196,29 @@ def test_the_real_host_is_measured_with_psutil():
 
 def test_nvidia_smi_output_is_parsed():
     text = "0, NVIDIA H200, 143771, 143000\n1, NVIDIA H200, 143771, 100000\n"
-    gpus = capacity.parse_nvidia_smi(text)
+    gpus = hardware.parse_nvidia_smi(text)
     assert [g.description for g in gpus] == ["GPU 0: NVIDIA H200", "GPU 1: NVIDIA H200"]
     assert gpus[1].available_bytes == 100000 * 2**20 and gpus[0].total_bytes == 143771 * 2**20
     with pytest.raises(ConfigError, match="unexpected nvidia-smi line"):
-        capacity.parse_nvidia_smi("garbage")
+        hardware.parse_nvidia_smi("garbage")
 
 
 def test_without_a_gpu_auto_means_cpu_and_gpu_is_refused():
     if shutil.which("nvidia-smi"):
         pytest.skip("this host has nvidia-smi; test_gpu_memory_is_read_from_nvidia_smi covers it")
-    assert capacity.resolve_device("auto") == "cpu"
+    assert hardware.resolve_device("auto") == "cpu"
     with pytest.raises(ConfigError, match="nvidia-smi reports no NVIDIA GPU"):
-        capacity.device_memory("gpu")
+        hardware.device_memory("gpu")
     with pytest.raises(ConfigError, match="'tpu' is not one of"):
-        capacity.resolve_device("tpu")
+        hardware.resolve_device("tpu")
 
 
 @pytest.mark.gpu
 def test_gpu_memory_is_read_from_nvidia_smi():
-    gpus = capacity.gpu_memory()
+    gpus = hardware.gpu_memory()
     if not gpus:
         pytest.skip("no NVIDIA GPU here")
-    memory = capacity.device_memory("auto")
+    memory = hardware.device_memory("auto")
     assert memory.device == "gpu" and memory.total_bytes > 1 * GIB
     assert memory.available_bytes == min(g.available_bytes for g in gpus)
     plan = capacity.plan(["falcon7b", "persimmon8b"], device="gpu")
@@ -231,7 +233,7 @@ def test_gpu_memory_is_read_from_nvidia_smi():
 def test_served_smollm2_holds_its_weights_and_stays_within_its_estimate(tmp_path, start_server):
     from labkit import client, lab
 
-    device = capacity.resolve_device("auto")  # a GPU host serves the text generators on its GPU
+    device = hardware.resolve_device("auto")  # a GPU host serves the text generators on its GPU
     plan = capacity.plan(["smollm2", "tiny-falcon"], device=device)
     repo = lab.prepare_run_repository(tmp_path, models=plan.models)
     server = start_server(repo, load_models=plan.models)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from labkit import client, models
+from labkit import client, repository
 from labkit.errors import ConfigError, InferenceError
 from labkit.proc import free_port
 from labkit.server import TritonServer
@@ -17,11 +17,11 @@ from labkit.server import TritonServer
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
-    models.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
-    models.add_model(
+    repository.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
+    repository.add_model(
         repo, "tiny-falcon", name="tfb", max_tokens=4, max_batch_size=4, dynamic_batching=True
     )
-    models.prepare_repository(repo)
+    repository.prepare_repository(repo)
     triton = TritonServer(
         repo,
         http_port=0,

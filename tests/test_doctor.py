@@ -145,6 +145,15 @@ def test_no_gpu_neuron_or_docker_tools_on_path_is_ok_cpu_mode(tmp_path, monkeypa
     assert "no docker client" in doctor.check_docker().detail
 
 
+#: A stand-in for nvidia-smi on a one-GPU host (no GPU here): the query form and the banner.
+FAKE_NVIDIA_SMI = """case "$1" in
+  --query-gpu=index,name,memory.total,driver_version) echo "0, NVIDIA H100 80GB HBM3, 81559, 550.54.15";;
+  --query-gpu=*) echo "0, NVIDIA H100 80GB HBM3, 81559, 81000";;
+  --query-compute-apps=*) ;;
+  *) echo "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |";;
+esac"""
+
+
 def _fake_tool(folder: Path, name: str, script: str) -> None:
     path = folder / name
     path.write_text(f"#!/bin/sh\n{script}\n")
@@ -152,10 +161,12 @@ def _fake_tool(folder: Path, name: str, script: str) -> None:
 
 
 def test_a_gpu_is_listed_with_a_fake_nvidia_smi_since_no_gpu_is_here(tmp_path, monkeypatch):
-    _fake_tool(tmp_path, "nvidia-smi", 'echo "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15"')
+    _fake_tool(tmp_path, "nvidia-smi", FAKE_NVIDIA_SMI)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     check = doctor.check_gpu()
-    assert check == doctor.Check("gpu", "ok", "NVIDIA H100 80GB HBM3, 81559 MiB, 550.54.15")
+    assert check == doctor.Check(
+        "gpu", "ok", "GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB, driver 550.54.15, CUDA 12.4"
+    )
 
 
 def test_a_broken_gpu_driver_is_a_fail_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
@@ -194,7 +205,7 @@ def test_the_token_is_named_never_shown(monkeypatch, capsys):
 
 
 class _Hub(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b"[]")

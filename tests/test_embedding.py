@@ -14,8 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from labkit import embedding
 from labkit.errors import InferenceError, MissingDependencyError, ServerError
-from labkit.repository import Repository, index, reload, served_config
-from labkit.server import TritonServer
+from labkit.repository import Repository
+from labkit.server import TritonServer, index, reload, served_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [

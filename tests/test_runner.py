@@ -42,8 +42,8 @@ def notebooks(tmp_path: Path) -> Path:
     folder.mkdir()
     write_notebook(
         folder / "01_good.ipynb",
-        "count = 1\nlabel = 'default'\nrun_dir = None",
-        "import json, sys\nfrom labkit.runner import run_folder\nrun = run_folder(run_dir)",
+        "count = 1\nlabel = 'default'\nRUN_DIR = None",
+        "import json, sys\nfrom labkit.runner import run_folder\nrun = run_folder(RUN_DIR)",
         "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run)}\n"
         "(run / 'facts.json').write_text(json.dumps(facts))",
         "import plotly.graph_objects as go\n"
@@ -164,11 +164,11 @@ def test_a_notebook_that_does_not_exist_is_refused_naming_the_available_ones(not
 
 
 def test_an_undeclared_parameter_is_an_error_naming_the_declared_ones(notebooks, tmp_path):
-    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*count, label, run_dir"):
+    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*RUN_DIR, count, label"):
         run([notebooks / "01_good.ipynb"], tmp_path / "out", {"cuont": 3})
     assert not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match="use --out"):
-        run([notebooks / "01_good.ipynb"], tmp_path / "out", {"run_dir": "/tmp"})
+        run([notebooks / "01_good.ipynb"], tmp_path / "out", {"RUN_DIR": "/tmp"})
 
 
 def test_a_parameter_goes_only_to_the_notebooks_that_declare_it(notebooks):

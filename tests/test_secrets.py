@@ -17,17 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from labkit import client, embedding, models, proc
+from labkit import client, embedding, proc, repository
 from labkit.cli import main
 from labkit.errors import ConfigError, InferenceError, ServerError, ToolError
-from labkit.repository import Repository, reload
-from labkit.server import TritonServer
+from labkit.repository import Repository
+from labkit.server import TritonServer, reload
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = f"hf_labkitPlanted{uuid.uuid4().hex}"  # a fresh value: found only if something leaked it
 TOKEN_VARIABLES = ("HF_TOKEN", "PRIVATE_REPO_TOKEN")
 TEMPLATES = sorted((ROOT / "labkit" / "templates").rglob("*.py")) + sorted(
-    (ROOT / "model_repository").glob("*/*/model.py")
+    (ROOT / "model_repository").glob("*/*/*.py")
 )
 EVALUATING = re.compile(
     r"(?<![\w.])(eval|exec|compile|__import__)\s*\(|literal_eval|\bpickle\b|\bmarshal\b"
@@ -63,9 +63,9 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("secrets")
     repo = root / "repo"
     repo.mkdir()
-    models.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
-    models.add_model(repo, "llama7b")
-    models.prepare_repository(repo)
+    repository.add_model(repo, "tiny-falcon", name="tf0", max_tokens=4)
+    repository.add_model(repo, "llama7b")
+    repository.prepare_repository(repo)
     embedding.add_embedding_model(repo, "minilm", max_batch_size=4)
     leaky = repo / "leaky"
     (leaky / "1").mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_adding_a_catalog_model_under_a_climbing_name_is_refused(tmp_path, name)
     repo = tmp_path / "repo"
     repo.mkdir()
     with pytest.raises(ConfigError, match="invalid model name"):
-        models.add_model(repo, "tiny-falcon", name=name)
+        repository.add_model(repo, "tiny-falcon", name=name)
     with pytest.raises(ConfigError, match="invalid model name"):
         embedding.add_embedding_model(repo, name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]

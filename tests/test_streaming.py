@@ -7,38 +7,36 @@ decoupled), ``tfb_stream`` (decoupled with dynamic batching) and ``idle_stream``
 
 from __future__ import annotations
 
-import filecmp
-import importlib.util
 import json
 import re
 import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import imported_as_triton_does
 
-from labkit import client, models, streaming
+from labkit import client, repository, streaming
 from labkit.errors import InferenceError
 from labkit.server import TritonServer
 from labkit.widgets import prompt_ui
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE = ROOT / "labkit" / "templates" / "textgen" / "model.py"
+TEMPLATE = ROOT / "labkit" / "templates" / "textgen"
 PROMPTS = ["I am going", "Where is the nearest", "Once upon a time there was", "Hi"]
 
 
 # -- the committed streaming model (no server) -------------------------------------------------
 def test_streaming_model_is_the_same_code_and_weights_as_smollm2_but_decoupled():
     folder = ROOT / "model_repository" / "smollm2_stream"
-    assert filecmp.cmp(TEMPLATE, folder / "1" / "model.py", shallow=False), "copy the template"
-    plain = models.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
-    stream = models.read_config(folder / "config.pbtxt")
+    assert (folder / "1" / "model.py").resolve() == (TEMPLATE / "model.py").resolve()
+    plain = repository.read_config(ROOT / "model_repository" / "smollm2" / "config.pbtxt")
+    stream = repository.read_config(folder / "config.pbtxt")
     assert (
         stream.model_transaction_policy.decoupled and not plain.model_transaction_policy.decoupled
     )
@@ -47,22 +45,11 @@ def test_streaming_model_is_the_same_code_and_weights_as_smollm2_but_decoupled()
 
 
 def test_a_piece_waits_for_an_incomplete_character_and_never_takes_text_back():
-    import pytriton  # noqa: PLC0415
-
-    backend = str(Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python")
-    sys.path.insert(0, backend)
-    try:
-        spec = importlib.util.spec_from_file_location("textgen_stream_template", TEMPLATE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop("textgen_stream_template", None)
-        sys.path.remove(backend)
-    assert module.stable_piece(" caf", "") == " caf"
-    assert module.stable_piece(" caf\ufffd", " caf") == ""  # half of "é": wait for the rest
-    assert module.stable_piece(" café", " caf") == "é"
-    assert module.stable_piece(" cafe", " café") == ""  # rewritten earlier text: wait for the end
+    with imported_as_triton_does(TEMPLATE, "streaming") as module:
+        assert module.stable_piece(" caf", "") == " caf"
+        assert module.stable_piece(" caf\ufffd", " caf") == ""  # half of "é": wait for the rest
+        assert module.stable_piece(" café", " caf") == "é"
+        assert module.stable_piece(" cafe", " café") == ""  # rewritten text: wait for the end
 
 
 # -- against a real Triton ---------------------------------------------------------------------
@@ -70,10 +57,10 @@ def test_a_piece_waits_for_an_incomplete_character_and_never_takes_text_back():
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("stream") / "repository"
     repo.mkdir()
-    models.add_model(repo, "tiny-falcon", name="tf", max_tokens=12)
-    models.add_model(repo, "tiny-falcon", name="tf_stream", max_tokens=12, decoupled=True)
-    models.add_model(repo, "tiny-falcon", name="idle_stream", decoupled=True)
-    models.add_model(
+    repository.add_model(repo, "tiny-falcon", name="tf", max_tokens=12)
+    repository.add_model(repo, "tiny-falcon", name="tf_stream", max_tokens=12, decoupled=True)
+    repository.add_model(repo, "tiny-falcon", name="idle_stream", decoupled=True)
+    repository.add_model(
         repo,
         "tiny-falcon",
         name="tfb_stream",
@@ -81,7 +68,7 @@ def server(tmp_path_factory):
         decoupled=True,
         max_batch_size=8,
         dynamic_batching=True,
-        max_queue_delay_us=300_000,
+        max_queue_delay_microseconds=300_000,
     )
     for name in ("smollm2", "smollm2_stream"):
         shutil.copytree(
@@ -90,7 +77,7 @@ def server(tmp_path_factory):
             symlinks=True,
             ignore=shutil.ignore_patterns("weights", "__pycache__"),
         )
-    models.prepare_repository(repo)
+    repository.prepare_repository(repo)
     triton = TritonServer(
         repo,
         http_port=0,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from labkit import client, models
+from labkit import client, repository
 from labkit.errors import InferenceError, ServerError
 from labkit.server import TritonServer
 
@@ -38,24 +38,24 @@ NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
-    models.add_model(repo, "tiny-falcon", name="tf0", max_tokens=12)
-    models.add_model(
+    repository.add_model(repo, "tiny-falcon", name="tf0", max_tokens=12)
+    repository.add_model(
         repo,
         "tiny-falcon",
         name="tfb",
         max_tokens=12,
         max_batch_size=8,
         dynamic_batching=True,
-        max_queue_delay_us=100_000,
+        max_queue_delay_microseconds=100_000,
     )
-    models.add_model(repo, "llama7b")  # gated: loaded by a test, never at start
+    repository.add_model(repo, "llama7b")  # gated: loaded by a test, never at start
     shutil.copytree(
         ROOT / "model_repository" / "smollm2",
         repo / "smollm2",
         symlinks=True,
         ignore=shutil.ignore_patterns("weights", "__pycache__"),
     )
-    models.prepare_repository(repo)
+    repository.prepare_repository(repo)
     triton = TritonServer(
         repo,
         http_port=0,
@@ -75,14 +75,14 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference():
     """``reference(model_dir_name, prompt, max_tokens)``: plain transformers, in this process."""
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = {}
 
     def generate(builder: str, prompt: str, max_tokens: int) -> str:
         if builder not in loaded:
-            path = models.build_weights(builder)
+            path = repository.build_weights(builder)
             loaded[builder] = (
                 AutoTokenizer.from_pretrained(path),
                 AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),

@@ -128,7 +128,7 @@ class TritonPythonModel:
             texts = [t for i in owners for t in parsed[i][0]]
             try:
                 answers = iter(self.generate(texts, budget))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (the error goes to these requests' clients)
                 for i in owners:
                     results[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
                 continue

@@ -201,7 +201,7 @@ class TritonPythonModel:
             for tensors in inputs:
                 try:
                     responses.append(self.respond(self.run(tensors)))
-                except Exception as exc:  # one failed request must not fail the others
+                except Exception as exc:  # noqa: BLE001 (one failed request must not fail the others)
                     responses.append(
                         pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
                     )
@@ -210,7 +210,7 @@ class TritonPythonModel:
         joined = [np.concatenate([t[i] for t in inputs], axis=0) for i in range(len(self.inputs))]
         try:
             results = self.run(joined)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (the error goes to every request's client)
             error = pb_utils.TritonError(f"batched call of {len(requests)} requests failed: {exc}")
             return [pb_utils.InferenceResponse(error=error) for _ in requests]
         bounds = np.cumsum(sizes)[:-1]

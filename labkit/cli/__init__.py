@@ -1,29 +1,28 @@
-"""The ``labkit`` command. Each module that offers subcommands defines ``register_cli(subparsers)``.
+"""The ``labkit`` command: the only argparse code, and the only module that prints.
 
-A subcommand's handler takes the parsed ``argparse.Namespace`` and returns an exit code.
+Each module of this package adds its subcommands with ``register(subparsers)``; a handler takes
+the parsed ``argparse.Namespace`` and returns an exit code. Nothing outside ``labkit.cli``
+imports it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 
-from .errors import LabkitError
+from labkit.cli import bench, doctor, models, neuron, run, serve
+from labkit.errors import LabkitError
 
-# Modules that contribute subcommands, in the order `labkit --help` lists them.
-COMMAND_MODULES = [
-    "labkit.server_cli",
-    "labkit.runner",
-    "labkit.repository",
-    "labkit.models",
-    "labkit.profiling",
-    "labkit.analyzer",
-    "labkit.bench",
-    "labkit.soak",
-    "labkit.neuron",
-    "labkit.doctor",
+#: ``labkit --help`` lists the subcommands in this order.
+REGISTRARS = [
+    serve.register,
+    run.register,
+    models.register,
+    models.register_prepare,
+    bench.register,
+    neuron.register,
+    doctor.register,
 ]
 
 
@@ -34,16 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="show debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # that part of the lab is not installed in this checkout
-                continue
-            raise
-        register = getattr(module, "register_cli", None)
-        if register:
-            register(sub)
+    for register in REGISTRARS:
+        register(sub)
     return parser
 
 

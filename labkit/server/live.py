@@ -13,22 +13,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError, MissingFileError, ServerError, ServerTimeoutError
-from .repository_config import ModelConfig, check_name
-from .settings import redact
+import pandas as pd
+import psutil
+from tritonclient.utils import InferenceServerException
+
+from labkit.errors import ConfigError, MissingFileError, ServerError, ServerTimeoutError
+from labkit.repository import Repository
+from labkit.repository.config import ModelConfig, check_name
+from labkit.settings import redact
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from .repository import Repository
-    from .server import TritonServer
+    from labkit.server.process import TritonServer
 
 log = logging.getLogger(__name__)
 
 
 def index(server: TritonServer) -> pd.DataFrame:
     """Every model of the server's repository with its version, state and reason."""
-    import pandas as pd  # noqa: PLC0415
 
     rows = [
         {
@@ -45,7 +46,6 @@ def index(server: TritonServer) -> pd.DataFrame:
 
 def served_config(server: TritonServer, name: str) -> dict:
     """The configuration the server reports for a loaded model (``/v2/models/<name>/config``)."""
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
     try:
         return server.client().get_model_config(check_name(name))
@@ -66,8 +66,6 @@ def reload(
     model, the previous ``config.pbtxt`` is put back and :class:`ServerError` carries Triton's
     reason; the models already serving keep serving. Returns the diff that was written.
     """
-    from .repository import Repository  # noqa: PLC0415 (repository imports this module)
-
     if not isinstance(repository, Repository):
         repository = Repository(repository or server.model_repository)
     path = repository.config_path(name)
@@ -129,7 +127,6 @@ def stubs(server: TritonServer) -> dict[str, list[int]]:
     Each model instance of a Python-backend model runs in its own ``triton_python_backend_stub``
     child of ``tritonserver``; a stub that has died is not listed.
     """
-    import psutil  # noqa: PLC0415
 
     if not getattr(server, "running", False):
         raise ServerError(

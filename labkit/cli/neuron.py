@@ -8,9 +8,11 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from .errors import ConfigError, MissingFileError
-from .neuron import TARGETS, compile, detect, load
-from .neuron_gen import MODEL_TYPES, GenOptions, TensorSpec, generate_model
+from labkit.errors import ConfigError, MissingFileError
+from labkit.hardware import detect_neuron
+from labkit.neuron import compiler
+from labkit.neuron.compiler import TARGETS
+from labkit.neuron.gen import MODEL_TYPES, GenOptions, TensorSpec, generate_model
 
 
 def register(sub) -> None:
@@ -43,19 +45,19 @@ def register(sub) -> None:
 
 
 def _detect_command(args) -> int:
-    hw = detect()
+    hw = detect_neuron()
     print(json.dumps({**asdict(hw), "target": hw.target}) if args.json else str(hw))
     return 0
 
 
 def _compile_command(args) -> int:
-    import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     source = Path(args.model)
     if not source.is_file():
         raise MissingFileError(f"model file {str(source)!r} does not exist")
     try:
-        model = load(source)
+        model = compiler.load(source)
     except RuntimeError:
         model = torch.load(str(source), weights_only=False)
     examples = []
@@ -66,8 +68,8 @@ def _compile_command(args) -> int:
             examples.append(torch.zeros(dims, dtype=getattr(torch, dtype)))
         except (ValueError, AttributeError, TypeError):
             raise ConfigError(f"--example {spec!r} is not DTYPE:SHAPE, e.g. int64:1x128") from None
-    target = args.target or detect().target
-    made = compile(
+    target = args.target or detect_neuron().target
+    made = compiler.compile(
         model,
         examples,
         target,

@@ -26,9 +26,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import ConfigError, MissingDependencyError
+from labkit.errors import ConfigError, MissingDependencyError
 
-TEMPLATE = Path(__file__).parent / "templates" / "neuron" / "llm_model.py"
+TEMPLATE = Path(__file__).parent.parent / "templates" / "neuron" / "llm_model.py"
 PRECISIONS = ("bf16", "fp16", "fp32")
 #: Tensor-parallel degrees a model can be sharded over (NeuronCores of one instance).
 TP_DEGREES = (1, 2, 4, 8, 12, 16, 24, 32, 64)
@@ -134,8 +134,8 @@ def export_llm(cfg: NeuronLLMConfig, output_dir: str | os.PathLike) -> Path:
     """
     cfg.validate()
     try:
-        from optimum.neuron import NeuronModelForCausalLM  # noqa: PLC0415
-        from transformers import AutoTokenizer  # noqa: PLC0415
+        from optimum.neuron import NeuronModelForCausalLM  # noqa: PLC0415 (Neuron hosts only)
+        from transformers import AutoTokenizer  # noqa: PLC0415 (a model library: importing labkit loads none)
     except ImportError as exc:
         raise MissingDependencyError(
             "exporting for Neuron needs optimum-neuron (pip install 'optimum-neuron[neuronx]' from "

@@ -1,4 +1,4 @@
-"""Measure a served model: perf_analyzer sweeps and Triton's Prometheus metrics, as DataFrames.
+"""perf_analyzer: the one module that builds and runs its command lines; results as DataFrames.
 
 perf_analyzer comes from the ``tritonclient==2.51.0`` manylinux wheel (``bin/perf_analyzer``), or
 from ``LABKIT_PERF_ANALYZER`` / ``PATH`` (the SDK container on GPU hosts). It links ``libb64.so.0d``
@@ -24,11 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import proc
-from .errors import ConfigError, MissingDependencyError, ToolError
-from .profiling_metrics import metrics, scrape
-
-__all__ = ["Tool", "locate_perf_analyzer", "metrics", "perf_analyzer", "scrape"]
+from labkit import proc
+from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.settings import perf_analyzer_path
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +93,7 @@ def locate_perf_analyzer(explicit: str | os.PathLike | None = None) -> Tool:
     """
     candidates = [
         (explicit, "argument"),
-        (os.environ.get("LABKIT_PERF_ANALYZER") or None, "LABKIT_PERF_ANALYZER"),
+        (perf_analyzer_path(), "LABKIT_PERF_ANALYZER"),
         (Path(sys.executable).parent / "perf_analyzer", "python environment"),
         (shutil.which("perf_analyzer"), "PATH"),
     ]
@@ -360,3 +358,28 @@ def _input_data_file(data, run_dir: Path) -> str:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
+
+
+def write_perf_data(path: str | os.PathLike, inputs: list[dict], expected: list[dict]) -> Path:
+    """An ``--input-data`` JSON with ``data`` and ``validation_data``, as the upstream QA uses.
+
+    ``inputs`` / ``expected``: one dict per step, tensor name -> numpy array, shaped as the
+    model's config declares it: without the batch dimension for a batching model (perf_analyzer
+    adds it, ``-b``), with it for dims such as ``-1x4``. Outputs are compared flattened, and a
+    mismatch makes :func:`perf_analyzer` fail with perf_analyzer's own message.
+    """
+    doc = {
+        "data": [
+            {
+                k: {"content": v.reshape(-1).tolist(), "shape": list(v.shape)}
+                for k, v in step.items()
+            }
+            for step in inputs
+        ],
+        "validation_data": [
+            {k: v.reshape(-1).tolist() for k, v in step.items()} for step in expected
+        ],
+    }
+    path = Path(path)
+    path.write_text(json.dumps(doc))
+    return path

@@ -1,76 +1,38 @@
-"""A Triton model repository on disk, its models' configurations, and live changes to a server.
+"""A Triton model repository on disk: list, check, edit, add, remove and copy its models.
 
-A model's ``config.pbtxt`` is read into Triton's own ``ModelConfig`` protobuf and written back
-with protobuf's ``text_format`` (never with string formatting). Every write is validated first
-against the rules Triton applies that can be checked without a server, so an edit Triton would
-reject fails here with a message naming the field, and the file is left as it was. Writes are
-atomic (a temporary file renamed over the old one) and written in protobuf's canonical text form,
-so a diff shows only what changed.
-
-Live changes use Triton's repository API (the server runs with ``--model-control-mode=explicit``):
-:func:`index` shows every model's state and reason, :func:`reload` writes a configuration and loads
-it without restarting the server, restoring the previous file when Triton refuses the new one.
+A model's ``config.pbtxt`` goes through :mod:`labkit.repository.config` (Triton's own
+``ModelConfig`` protobuf, validated, written atomically). Adding a model is one job with one
+implementation, :meth:`Repository.add_from_template`: it writes the config and copies a template's
+model code (``labkit/templates/<kind>/``, the same files as the served ``model_repository/``).
+Live changes to a running server are :mod:`labkit.server.live`'s.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import ConfigError, MissingFileError
-from .repository_config import (
+from ..errors import ConfigError, MissingFileError
+from .config import (
     CONFIG_FILE,
-    KINDS,
     ModelConfig,
     apply_edits,
     check_name,
     config_to_text,
     diff_configs,
-    parse_config,
     read_config,
     validate,
     write_config,
 )
-from .repository_live import (
-    index,
-    recover,
-    reload,
-    restart,
-    served_config,
-    stubs,
-    unhealthy,
-    unload,
-)
-
-__all__ = [
-    "CONFIG_FILE",
-    "KINDS",
-    "ModelConfig",
-    "Repository",
-    "apply_edits",
-    "check_name",
-    "config_to_text",
-    "diff_configs",
-    "index",
-    "parse_config",
-    "read_config",
-    "recover",
-    "reload",
-    "restart",
-    "served_config",
-    "stubs",
-    "unhealthy",
-    "unload",
-    "validate",
-    "write_config",
-]
+from .models import CATALOG, CatalogEntry, catalog_entry, embedding_config, textgen_config
 
 log = logging.getLogger(__name__)
 
-TEMPLATES_DIR = Path(__file__).parent / "templates"
+TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 # Folders and files that hold weights: a copy links to them instead of copying them.
 WEIGHT_NAMES = ("weights", "hf_cache")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".neff", ".onnx", ".plan")
@@ -192,9 +154,13 @@ class Repository:
     def add_from_template(
         self, name: str, template: str, cfg: ModelConfig, *, version: int = 1
     ) -> Path:
-        """Write ``<name>/config.pbtxt`` and copy the template's model.py to ``<name>/<version>/``."""
-        source = TEMPLATES_DIR / template / "model.py"
-        if not source.is_file():
+        """Write ``<name>/config.pbtxt`` and copy the template's model code to ``<name>/<version>/``.
+
+        The template's files are copied as real files (a template may link to the served
+        repository's copy), so the new folder works wherever it is moved.
+        """
+        source = TEMPLATES_DIR / template
+        if not (source / "model.py").is_file():
             known = ", ".join(sorted(p.name for p in TEMPLATES_DIR.iterdir() if p.is_dir()))
             raise MissingFileError(f"no model template {template!r} (templates: {known})")
         folder = self.new_model_dir(name)
@@ -203,8 +169,10 @@ class Repository:
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.path))
         try:
             (staging / str(version)).mkdir()
-            shutil.copy2(source, staging / str(version) / "model.py")
+            for code in sorted(source.glob("*.py")):
+                shutil.copyfile(code, staging / str(version) / code.name)
             (staging / CONFIG_FILE).write_text(config_to_text(cfg), encoding="utf-8")
+            staging.chmod(0o755)
             staging.rename(folder)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -217,25 +185,21 @@ class Repository:
     ) -> Path:
         """Add a model from the catalog (``labkit.models``), a local model folder or a Hub id.
 
-        A catalog name goes to ``labkit.models.add_model``. A folder or a Hub id is served with a
+        A catalog name goes to :func:`add_model`. A folder or a Hub id is served with a
         template's model.py (``textgen`` or ``embedding``; for a folder it is guessed from its
         ``config.json``) and the source in the ``huggingface_model`` parameter.
         """
         check_name(name)
         if Path(source).expanduser().is_dir():
             return self.add_local(name, source, template=template, **parameters)
-        catalog = _catalog()
-        if source in catalog:
-            from .models import add_model  # noqa: PLC0415
-
-            self.new_model_dir(name)
-            folder = Path(add_model(self.path, source, name=name, **parameters))
+        if source in CATALOG:
+            folder = add_model(self.path, source, name=name, **parameters)
             self.check(name)
             return folder
         if "/" not in source or source.startswith(("/", ".")):
             raise ConfigError(
                 f"model source {source!r} is not a folder, a catalog name "
-                f"({', '.join(sorted(catalog)) or 'catalog unavailable'}) or a Hub id (org/name)"
+                f"({', '.join(sorted(CATALOG))}) or a Hub id (org/name)"
             )
         return self._add_source(name, source, template or "textgen", parameters)
 
@@ -251,12 +215,11 @@ class Repository:
         return self._add_source(name, str(folder), template or _guess_template(folder), parameters)
 
     def _add_source(self, name: str, source: str, template: str, parameters: dict) -> Path:
-        from . import embedding  # noqa: PLC0415
-
         if template == "embedding":
-            cfg = embedding.embedding_config(name, huggingface_model=source)
+            cfg = embedding_config(name, huggingface_model=source)
         elif template == "textgen":
-            cfg = textgen_config(name, huggingface_model=source)
+            entry = CatalogEntry(name, source, f"added from {source}", 0.0)
+            cfg = textgen_config(entry, name)
         else:
             raise ConfigError(f"unknown template {template!r}; use 'textgen' or 'embedding'")
         cfg = apply_edits(cfg, parameters=parameters)
@@ -268,56 +231,69 @@ class Repository:
         if dest.exists() and any(dest.iterdir()):
             raise ConfigError(f"cannot copy the repository into {str(dest)!r}: it is not empty")
         dest.mkdir(parents=True, exist_ok=True)
-        _copy_tree(self.path, dest)
+        _copy_tree(self.path, dest, self.path)
         return Repository(dest)
 
 
-def textgen_config(name: str, *, huggingface_model: str) -> ModelConfig:
-    """A text generation model's configuration, from ``labkit.models`` (the textgen template's)."""
-    from .models import CatalogEntry  # noqa: PLC0415 (models imports this module)
-    from .models import textgen_config as build  # noqa: PLC0415
-
-    entry = CatalogEntry(name, huggingface_model, f"added from {huggingface_model}", 0.0)
-    return build(entry, name)
-
-
 def _guess_template(folder: Path) -> str:
-    import json  # noqa: PLC0415
-
     architectures = json.loads((folder / "config.json").read_text()).get("architectures") or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return "textgen"
     return "embedding"
 
 
-def _catalog() -> set[str]:
-    """The names in ``labkit.models``' catalog."""
-    from .models import CATALOG  # noqa: PLC0415 (models imports this module)
-
-    return set(CATALOG)
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
+def _copy_tree(src: Path, dst: Path, root: Path) -> None:
+    """Copy ``src`` into ``dst``. A relative link that stays inside ``root`` is kept as it is (so a
+    copy mounted into a container still resolves); any other link points at the same place as
+    before; weights are linked, not copied."""
     for entry in src.iterdir():
         if entry.name in ("__pycache__", ".ipynb_checkpoints"):
             continue
         target = dst / entry.name
         if entry.is_symlink():
             link = os.readlink(entry)
-            if not os.path.isabs(link):  # keep it pointing at the same place from its new home
-                link = os.path.normpath(entry.parent / link)
+            inside = os.path.normpath(entry.parent / link)
+            if not os.path.isabs(link) and not _within(Path(inside), root):
+                link = inside  # keep it pointing at the same place from its new home
             target.symlink_to(link, target_is_directory=entry.is_dir())
         elif entry.name in WEIGHT_NAMES or entry.suffix in WEIGHT_SUFFIXES:
             target.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
         elif entry.is_dir():
             target.mkdir()
-            _copy_tree(entry, target)
+            _copy_tree(entry, target, root)
         else:
             shutil.copy2(entry, target)
 
 
-def register_cli(sub) -> None:
-    """``labkit models list|show|edit|add|remove``."""
-    from .repository_cli import register  # noqa: PLC0415
+def _within(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
 
-    register(sub)
+
+def add_model(
+    repository: str | os.PathLike,
+    catalog_name: str,
+    name: str | None = None,
+    *,
+    version: int = 1,
+    overwrite: bool = False,
+    **overrides: object,
+) -> Path:
+    """Write ``<repository>/<name>/`` (config.pbtxt + ``<version>/``) for a catalog model.
+
+    ``overrides`` go to :func:`~labkit.repository.models.textgen_config` (``max_batch_size=8,
+    dynamic_batching=True, max_tokens=32``...). Offline models still need
+    :func:`~labkit.repository.models.prepare_repository` before serving.
+    """
+    entry = catalog_entry(catalog_name)
+    name = check_name(name or entry.name)
+    repo = Repository(repository, create=True)
+    folder = repo.path / name
+    if folder.exists() and not overwrite:
+        raise ConfigError(
+            f"model folder {str(folder)!r} already exists; pass overwrite=True or "
+            "choose another name="
+        )
+    config = textgen_config(entry, name, **overrides)
+    if folder.exists():
+        shutil.rmtree(folder)
+    return repo.add_from_template(name, "textgen", config, version=version)

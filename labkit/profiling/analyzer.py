@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import yaml
+from tqdm.auto import tqdm
 
-from .errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
-from .proc import free_port, kill_group, tail
-from .profiling import locate_perf_analyzer
-from .server import locate_tritonserver
+from labkit import hardware
+from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
+from labkit.proc import free_port, kill_group, tail
+from labkit.profiling.perf import locate_perf_analyzer
+from labkit.repository import read_config
+from labkit.server import locate_tritonserver, reload
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +116,6 @@ def find_model_analyzer() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("model-analyzer")
 
 
-def has_gpu() -> bool:
-    """True when ``nvidia-smi -L`` lists a GPU."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    done = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
-    return done.returncode == 0 and "GPU" in done.stdout
-
-
 def write_wrapper(run_dir: Path) -> Path:
     """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
     binary = locate_tritonserver()
@@ -144,13 +139,12 @@ def write_wrapper(run_dir: Path) -> Path:
 
 def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettings) -> Path:
     """The Model Analyzer YAML for ``s``, with free loopback ports and paths in ``run_dir``."""
-    import yaml  # noqa: PLC0415
 
     if s.search_mode not in ("quick", "brute"):
         raise ConfigError(f"search_mode must be 'quick' or 'brute', got {s.search_mode!r}")
     if not s.models:
         raise ConfigError("AnalyzerSettings.models is empty; name at least one model to profile")
-    cpu_only = (not has_gpu()) if s.cpu_only is None else s.cpu_only
+    cpu_only = (not hardware.has_gpu()) if s.cpu_only is None else s.cpu_only
     http, grpc, metrics = free_port(), free_port(), free_port()
     flags = {
         "measurement-mode": "count_windows",
@@ -263,7 +257,6 @@ def model_analyzer(
 
 def _follow(process: subprocess.Popen, log_path: Path, timeout_s: float, progress: bool) -> None:
     """Wait for Model Analyzer, showing each measurement it starts, up to the deadline."""
-    from tqdm.auto import tqdm  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout_s
     seen = 0
@@ -335,8 +328,6 @@ def load_results(run_dir: str | os.PathLike) -> AnalyzerResult:
 
 
 def _variant_configs(folder: Path) -> dict[str, dict]:
-    from .repository import read_config  # noqa: PLC0415
-
     out = {}
     for path in sorted(folder.glob("*/config.pbtxt")):
         cfg = read_config(path)
@@ -385,8 +376,6 @@ def best_config(result: AnalyzerResult, p99_budget_ms: float | None = None) -> s
 def apply_config(result: AnalyzerResult, variant: str, server, model: str) -> str:
     """Write ``variant``'s configuration as ``model``'s in the server's repository and reload it
     live; returns the diff. Confirm with :func:`labkit.profiling.perf_analyzer` before and after."""
-    from .repository import read_config, reload  # noqa: PLC0415
-
     if variant not in result.configs:
         raise ConfigError(
             f"unknown configuration {variant!r}; measured: {', '.join(result.configs)}"

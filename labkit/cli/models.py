@@ -1,11 +1,14 @@
-"""``labkit models list|show|edit|add|remove``: the model repository from the command line."""
+"""``labkit models list|show|edit|add|remove``, ``labkit prepare`` and ``labkit catalog``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
-from .errors import ConfigError
-from .repository import KINDS, Repository, config_to_text, reload
+from labkit.capacity import estimate
+from labkit.errors import ConfigError
+from labkit.repository import KINDS, Repository, catalog, config_to_text, prepare_repository
+from labkit.server import TritonServer, index, reload
 
 
 def register(sub) -> None:
@@ -14,9 +17,11 @@ def register(sub) -> None:
     )
     verbs = models.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    def verb(name: str, help: str, handler) -> argparse.ArgumentParser:
-        p = verbs.add_parser(name, help=help)
-        p.add_argument("--repository", default="model_repository", help="the model repository")
+    def verb(name: str, summary: str, handler) -> argparse.ArgumentParser:
+        p = verbs.add_parser(name, help=summary)
+        p.add_argument(
+            "--model-repository", default="model_repository", help="the model repository"
+        )
         p.set_defaults(handler=handler)
         return p
 
@@ -33,7 +38,7 @@ def register(sub) -> None:
     )
     batching.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_false")
     p.add_argument("--preferred-batch-size", type=int, nargs="+", metavar="N")
-    p.add_argument("--max-queue-delay-us", type=int, dest="max_queue_delay_microseconds")
+    p.add_argument("--max-queue-delay-microseconds", type=int, dest="max_queue_delay_microseconds")
     p.add_argument("--instance-count", type=int)
     p.add_argument("--instance-kind", choices=KINDS)
     p.add_argument(
@@ -68,12 +73,9 @@ def _params(pairs: list[str]) -> dict[str, str]:
 
 
 def list_models(args) -> int:
-    repo = Repository(args.repository)
+    repo = Repository(args.model_repository)
     states = {}
     if args.url:
-        from .repository import index  # noqa: PLC0415
-        from .server import TritonServer  # noqa: PLC0415
-
         server = TritonServer(repo.path, mode="remote", url=args.url)
         states = {
             row.name: f"{row.state} {row.reason}".strip() for row in index(server).itertuples()
@@ -99,12 +101,12 @@ def list_models(args) -> int:
 
 
 def show_model(args) -> int:
-    print(config_to_text(Repository(args.repository).config(args.name)), end="")
+    print(config_to_text(Repository(args.model_repository).config(args.name)), end="")
     return 0
 
 
 def edit_model(args) -> int:
-    repo = Repository(args.repository)
+    repo = Repository(args.model_repository)
     params: dict[str, str | None] = dict(_params(args.param))
     params.update({key: None for key in args.unset_param})
     change = repo.edit(
@@ -120,15 +122,13 @@ def edit_model(args) -> int:
     )
     print(change or f"{args.name}: no change", end="" if change else "\n")
     if args.reload and not args.dry_run:
-        from .server import TritonServer  # noqa: PLC0415
-
         reload(TritonServer(repo.path, mode="remote", url=args.reload), args.name, repository=repo)
         print(f"reloaded {args.name} on {args.reload}")
     return 0
 
 
 def add_model(args) -> int:
-    folder = Repository(args.repository).add(
+    folder = Repository(args.model_repository).add(
         args.name, args.source, template=args.template, **_params(args.param)
     )
     print(f"added {args.name} at {folder}")
@@ -136,6 +136,28 @@ def add_model(args) -> int:
 
 
 def remove_model(args) -> int:
-    Repository(args.repository).remove(args.name)
+    Repository(args.model_repository).remove(args.name)
     print(f"removed {args.name}")
+    return 0
+
+
+def register_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="build the offline weights the repository's models use")
+    p.add_argument("--model-repository", default="model_repository", help="the model repository")
+    p.set_defaults(handler=prepare)
+    c = sub.add_parser("catalog", help="list the models the lab can add")
+    c.set_defaults(handler=list_catalog)
+
+
+def prepare(args) -> int:
+    for link in prepare_repository(args.model_repository):
+        print(f"{link} -> {os.path.realpath(link)}")
+    return 0
+
+
+def list_catalog(args) -> int:
+    for e in catalog():
+        where = "offline" if e.labkit_weights else e.huggingface_model
+        size = estimate(e.name, device="gpu").weights_bytes / 2**30
+        print(f"{e.name:12} {where:28} ~{size:6.1f} GiB fp16  {e.description}")
     return 0

@@ -5,10 +5,11 @@ from __future__ import annotations
 import signal
 import threading
 
-from .server import TritonServer
+from labkit.repository import prepare_repository
+from labkit.server import TritonServer
 
 
-def register_cli(sub) -> None:
+def register(sub) -> None:
     p = sub.add_parser("serve", help="run a Triton server in the foreground until Ctrl+C")
     p.add_argument("--model-repository", default="model_repository")
     p.add_argument("--mode", choices=["local", "docker"], default=None)
@@ -23,9 +24,7 @@ def register_cli(sub) -> None:
 
 
 def serve(args) -> int:
-    prepare = _prepare_hook()
-    if prepare:
-        prepare(args.model_repository)
+    prepare_repository(args.model_repository)
     server = TritonServer(
         args.model_repository,
         mode=args.mode,
@@ -50,12 +49,3 @@ def serve(args) -> int:
         stop.wait()
     print("Triton stopped.", flush=True)
     return 0
-
-
-def _prepare_hook():
-    """Build the local weights the repository's models point at, when labkit.models is present."""
-    try:
-        from .models import prepare_repository  # noqa: PLC0415
-    except ImportError:
-        return None
-    return prepare_repository

@@ -10,8 +10,9 @@ import urllib.error
 import urllib.request
 
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
-from .errors import ConfigError, ToolError
+from labkit.errors import ConfigError, ToolError
 
 _MODEL_COUNTERS = {
     "nv_inference_request_success": "request_success",
@@ -40,8 +41,6 @@ def scrape(source, timeout_s: float = 10.0) -> pd.DataFrame:
 
     ``source`` is a :class:`~labkit.server.TritonServer`, a metrics URL, or exposition text.
     """
-    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
-
     text = _metrics_text(source, timeout_s)
     rows = []
     for family in text_string_to_metric_families(text):
@@ -105,3 +104,14 @@ def metrics(source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.
         if not values.empty:  # per GPU: mean utilisation, summed memory
             frame[column] = values.mean() if "utilization" in name else values.sum()
     return frame.sort_values(["model", "version"], ignore_index=True)
+
+
+def request_counts(metrics_url: str, model: str) -> dict[str, float]:
+    """Triton's success and failure request counters for ``model`` (all versions)."""
+    text = _metrics_text(metrics_url, 10.0)
+    counts = {"success": 0.0, "failure": 0.0}
+    for family in text_string_to_metric_families(text):
+        kind = family.name.removeprefix("nv_inference_request_")
+        if family.name.startswith("nv_inference_request_") and kind in counts:
+            counts[kind] += sum(s.value for s in family.samples if s.labels.get("model") == model)
+    return counts

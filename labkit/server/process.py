@@ -26,15 +26,25 @@ import uuid
 import weakref
 from pathlib import Path
 
-from .errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
-from .locate import ServerBinary, locate_tritonserver
-from .proc import check_port_free, free_port, kill_group, tail
-from .repository_config import check_name
-from .settings import TOKEN_VARIABLES, cache_dir, redact, setting
+from tritonclient.utils import InferenceServerException
+
+from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
+from labkit.proc import check_port_free, free_port, kill_group, tail
+from labkit.repository.config import check_name
+from labkit.server.locate import ServerBinary, locate_tritonserver
+from labkit.settings import (
+    TOKEN_VARIABLES,
+    cache_dir,
+    hf_home,
+    redact,
+    server_mode,
+    token_variables_set,
+    triton_image,
+)
+from labkit.settings import startup_timeout_s as startup_timeout_s_setting
 
 log = logging.getLogger(__name__)
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 MODES = ("local", "docker", "remote")
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
@@ -74,14 +84,14 @@ class TritonServer:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.mode = setting(mode, "LABKIT_SERVER_MODE", "remote" if url else "local")
+        self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
             raise ServerError(f"unknown server mode {self.mode!r}; use one of {', '.join(MODES)}")
         self.model_repository = Path(model_repository).resolve()
         self.host = host
-        self.image = setting(image, "LABKIT_TRITON_IMAGE", DEFAULT_IMAGE)
+        self.image = triton_image(image)
         self.load_models = [load_models] if isinstance(load_models, str) else list(load_models)
-        self.startup_timeout_s = float(setting(startup_timeout_s, "LABKIT_STARTUP_TIMEOUT_S", 300))
+        self.startup_timeout_s = startup_timeout_s_setting(startup_timeout_s)
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
@@ -179,15 +189,14 @@ class TritonServer:
         ]
         if name:
             cmd += ["--name", name]
-        for var in TOKEN_VARIABLES:
-            if var in os.environ:
-                cmd += ["-e", var]
+        for var in token_variables_set():
+            cmd += ["-e", var]
         hf_cache = "/root/.cache/huggingface"
         cmd += ["-e", f"HF_HOME={hf_cache}"]
         cmd += ["-v", f"{self.model_repository}:{CONTAINER_REPOSITORY}"]
-        hf_home = os.environ.get("HF_HOME")
-        if hf_home:
-            cmd += ["-v", f"{Path(hf_home).resolve()}:{hf_cache}"]
+        host_cache = hf_home()  # HF_HOME, else ~/.cache/huggingface: weights are downloaded once
+        host_cache.mkdir(parents=True, exist_ok=True)
+        cmd += ["-v", f"{host_cache.resolve()}:{hf_cache}"]
         labkit_cache = cache_dir()
         cmd += ["-v", f"{labkit_cache}:{labkit_cache}:ro"]  # local weights are linked from here
         cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
@@ -267,31 +276,51 @@ class TritonServer:
             raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {self.ports}")
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Poll ``/v2/health/ready`` until it answers 200, the process exits, or the bound passes."""
-        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
-        delay = 0.1
+        """Poll every endpoint this server was asked to open until all answer, against one deadline.
+
+        Ready means: ``/v2/health/ready`` answers 200, every model named in ``load_models`` is
+        ready, and, for a server this object started, gRPC answers and the metrics endpoint
+        serves. Triton opens HTTP before its metrics service (about 40 ms apart), so HTTP
+        readiness alone would let a caller read metrics from a port that is not listening yet.
+        """
+        bound = timeout_s or self.startup_timeout_s
+        deadline = time.monotonic() + bound
+        delay = 0.05
         while True:
             if self._process is not None:
                 self._shm_regions.update(_shm_regions(self._process.pid))
                 if self._process.poll() is not None:
                     self._raise_exited()
-            if self.is_ready():
+            waiting_for = self.not_ready()
+            if waiting_for is None:
                 return
             if time.monotonic() > deadline:
                 raise ServerTimeoutError(
-                    f"Triton at {self.http_url} was not ready within "
-                    f"{timeout_s or self.startup_timeout_s:g} s; pass startup_timeout_s= a larger "
-                    f"bound if models are large.\n{self.log_tail()}"
+                    f"Triton at {self.http_url} was not ready within {bound:g} s (still waiting "
+                    f"for {waiting_for}); pass startup_timeout_s= a larger bound if models are "
+                    f"large.\n{self.log_tail()}"
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        """Whether every endpoint and requested model is ready now (see :meth:`wait_ready`)."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """The first endpoint or model that is not ready yet, in words; None when all are."""
+        if not _http_ok(f"http://{self.http_url}/v2/health/ready"):
+            return f"HTTP readiness at http://{self.http_url}/v2/health/ready"
+        for name in self.load_models:
+            if name != "*" and not _http_ok(f"http://{self.http_url}/v2/models/{name}/ready"):
+                return f"model {name!r}"
+        if self.mode == "remote":
+            return None  # only the HTTP address of a remote server is known
+        if not _grpc_ready(self.grpc_url):
+            return f"gRPC at {self.grpc_url}"
+        if "--allow-metrics=false" not in self.extra_args and not _http_ok(self.metrics_url):
+            return f"metrics at {self.metrics_url}"
+        return None
 
     def _raise_exited(self) -> None:
         code = self._process.returncode
@@ -374,13 +403,12 @@ class TritonServer:
     # -- live model control (explicit mode) ------------------------------------------------
     def client(self):
         """A ``tritonclient.http.InferenceServerClient`` for this server."""
-        import tritonclient.http as httpclient  # noqa: PLC0415
+        import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
         return httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
 
     def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) ``name``; raises with Triton's reason when it fails."""
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         try:
             self.client().load_model(check_name(name), config=config)
@@ -390,7 +418,6 @@ class TritonServer:
             ) from exc
 
     def unload_model(self, name: str) -> None:
-        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
         try:
             self.client().unload_model(check_name(name))
@@ -402,6 +429,25 @@ class TritonServer:
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
         return self.client().get_model_repository_index()
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _grpc_ready(address: str) -> bool:
+    """Whether Triton's gRPC service at ``address`` answers ServerReady with true."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415 (grpc is heavy; only a started server needs it)
+
+    try:
+        with grpcclient.InferenceServerClient(address) as client:
+            return bool(client.is_server_ready(client_timeout=2))
+    except (InferenceServerException, OSError):
+        return False
 
 
 SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"

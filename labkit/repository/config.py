@@ -19,7 +19,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from .errors import ConfigError, MissingFileError
+from labkit.errors import ConfigError, MissingFileError
 
 ModelConfig = model_config_pb2.ModelConfig
 CONFIG_FILE = "config.pbtxt"
@@ -98,7 +98,21 @@ def validate(cfg: ModelConfig, *, name: str | None = None) -> None:
 
     ``name`` is the model's folder name; the config's own ``name``, when set, must equal it.
     """
-    problems: list[str] = []
+    problems = [
+        *_name_problems(cfg, name),
+        *_batching_problems(cfg),
+        *_instance_problems(cfg),
+        *_tensor_problems(cfg, "input"),
+        *_tensor_problems(cfg, "output"),
+        *["parameters has an empty key" for key in cfg.parameters if not key],
+    ]
+    if problems:
+        label = name or cfg.name or "model"
+        raise ConfigError(f"invalid configuration of {label!r}: " + "; ".join(problems))
+
+
+def _name_problems(cfg: ModelConfig, name: str | None) -> list[str]:
+    problems = []
     if name is not None:
         check_name(name)
         if cfg.name and cfg.name != name:
@@ -107,27 +121,38 @@ def validate(cfg: ModelConfig, *, name: str | None = None) -> None:
             )
     if cfg.name:
         check_name(cfg.name)
+    return problems
+
+
+def _batching_problems(cfg: ModelConfig) -> list[str]:
+    problems = []
     mbs = cfg.max_batch_size
     if mbs < 0:
         problems.append(f"max_batch_size {mbs} is negative; use 0 (no batching) or more")
-    if cfg.HasField("dynamic_batching"):
-        db = cfg.dynamic_batching
-        if mbs == 0:
+    if not cfg.HasField("dynamic_batching"):
+        return problems
+    db = cfg.dynamic_batching
+    if mbs == 0:
+        problems.append(
+            "dynamic_batching needs max_batch_size > 0 (it is 0); set max_batch_size or "
+            "remove dynamic_batching"
+        )
+    for size in db.preferred_batch_size:
+        if size < 1 or (mbs > 0 and size > mbs):
             problems.append(
-                "dynamic_batching needs max_batch_size > 0 (it is 0); set max_batch_size or "
-                "remove dynamic_batching"
+                f"dynamic_batching.preferred_batch_size {size} is outside 1..max_batch_size "
+                f"({mbs}); lower it or raise max_batch_size"
             )
-        for size in db.preferred_batch_size:
-            if size < 1 or (mbs > 0 and size > mbs):
-                problems.append(
-                    f"dynamic_batching.preferred_batch_size {size} is outside 1..max_batch_size "
-                    f"({mbs}); lower it or raise max_batch_size"
-                )
-        if db.default_priority_level > db.priority_levels:
-            problems.append(
-                f"dynamic_batching.default_priority_level {db.default_priority_level} is above "
-                f"priority_levels {db.priority_levels}"
-            )
+    if db.default_priority_level > db.priority_levels:
+        problems.append(
+            f"dynamic_batching.default_priority_level {db.default_priority_level} is above "
+            f"priority_levels {db.priority_levels}"
+        )
+    return problems
+
+
+def _instance_problems(cfg: ModelConfig) -> list[str]:
+    problems = []
     for i, group in enumerate(cfg.instance_group):
         where = f"instance_group[{i}]"
         if group.count < 0:
@@ -135,30 +160,29 @@ def validate(cfg: ModelConfig, *, name: str | None = None) -> None:
         if group.gpus and group.kind in (group.KIND_CPU, group.KIND_MODEL):
             kind = group.Kind.Name(group.kind)
             problems.append(f"{where}.gpus is set but kind is {kind}; use KIND_GPU or drop gpus")
-    for field in ("input", "output"):
-        seen: set[str] = set()
-        for i, tensor in enumerate(getattr(cfg, field)):
-            where = f"{field}[{i}]"
-            if not tensor.name:
-                problems.append(f"{where}.name is empty; name every {field}")
-            elif tensor.name in seen:
-                problems.append(f"{where}.name {tensor.name!r} is used twice; names must differ")
-            seen.add(tensor.name)
-            if tensor.data_type == model_config_pb2.TYPE_INVALID:
-                problems.append(
-                    f"{where} ({tensor.name}) has no data_type; set one, e.g. TYPE_FP32"
-                )
-            if not tensor.dims and not tensor.HasField("reshape"):
-                problems.append(f"{where} ({tensor.name}) has no dims; give its shape, e.g. [1]")
-            for d in tensor.dims:
-                if d == 0 or d < -1:
-                    problems.append(f"{where}.dims has {d}; each dim is -1 (any) or above 0")
-    for key in cfg.parameters:
-        if not key:
-            problems.append("parameters has an empty key")
-    if problems:
-        label = name or cfg.name or "model"
-        raise ConfigError(f"invalid configuration of {label!r}: " + "; ".join(problems))
+    return problems
+
+
+def _tensor_problems(cfg: ModelConfig, field: str) -> list[str]:
+    problems = []
+    seen: set[str] = set()
+    for i, tensor in enumerate(getattr(cfg, field)):
+        where = f"{field}[{i}]"
+        if not tensor.name:
+            problems.append(f"{where}.name is empty; name every {field}")
+        elif tensor.name in seen:
+            problems.append(f"{where}.name {tensor.name!r} is used twice; names must differ")
+        seen.add(tensor.name)
+        if tensor.data_type == model_config_pb2.TYPE_INVALID:
+            problems.append(f"{where} ({tensor.name}) has no data_type; set one, e.g. TYPE_FP32")
+        if not tensor.dims and not tensor.HasField("reshape"):
+            problems.append(f"{where} ({tensor.name}) has no dims; give its shape, e.g. [1]")
+        problems += [
+            f"{where}.dims has {d}; each dim is -1 (any) or above 0"
+            for d in tensor.dims
+            if d == 0 or d < -1
+        ]
+    return problems
 
 
 def apply_edits(
@@ -182,6 +206,22 @@ def apply_edits(
     new.CopyFrom(cfg)
     if max_batch_size is not None:
         new.max_batch_size = _int("max_batch_size", max_batch_size, minimum=0)
+    _edit_batching(new, dynamic_batching, preferred_batch_size, max_queue_delay_microseconds)
+    _edit_instances(new, instance_count, instance_kind)
+    for key, value in (parameters or {}).items():
+        if value is None:
+            new.parameters.pop(key, None)
+        else:
+            new.parameters[key].string_value = str(value)
+    return new
+
+
+def _edit_batching(
+    new: ModelConfig,
+    dynamic_batching: bool | None,
+    preferred_batch_size: Iterable[int] | None,
+    max_queue_delay_microseconds: int | None,
+) -> None:
     batching_fields = preferred_batch_size is not None or max_queue_delay_microseconds is not None
     if dynamic_batching is False and batching_fields:
         raise ConfigError(
@@ -199,6 +239,11 @@ def apply_edits(
     if max_queue_delay_microseconds is not None:
         delay = _int("max_queue_delay_microseconds", max_queue_delay_microseconds, minimum=0)
         new.dynamic_batching.max_queue_delay_microseconds = delay
+
+
+def _edit_instances(
+    new: ModelConfig, instance_count: int | None, instance_kind: str | None
+) -> None:
     if instance_count is not None or instance_kind is not None:
         if not new.instance_group:
             new.instance_group.add(count=1)
@@ -207,12 +252,6 @@ def apply_edits(
                 group.count = _int("instance_count", instance_count, minimum=1)
             if instance_kind is not None:
                 group.kind = _kind(instance_kind)
-    for key, value in (parameters or {}).items():
-        if value is None:
-            new.parameters.pop(key, None)
-        else:
-            new.parameters[key].string_value = str(value)
-    return new
 
 
 def _int(field: str, value, *, minimum: int) -> int:

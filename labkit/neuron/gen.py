@@ -26,13 +26,13 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import ConfigError, MissingDependencyError, MissingFileError
+from labkit.errors import ConfigError, MissingDependencyError, MissingFileError
 
 log = logging.getLogger(__name__)
 
 TARGETS = ("inf1", "inf2", "trn1", "cpu")
 MODEL_TYPES = ("pytorch", "tensorflow")
-TEMPLATE_DIR = Path(__file__).parent / "templates" / "neuron"
+TEMPLATE_DIR = Path(__file__).parent.parent / "templates" / "neuron"
 TEMPLATES = {"pytorch": "pytorch_model.py", "tensorflow": "tensorflow_model.py"}
 TRITON_TYPES = tuple(k.removeprefix("TYPE_") for k in mc.DataType.keys() if k != "TYPE_INVALID")  # noqa: SIM118 (protobuf enum wrapper)
 _NAME = re.compile(r"^(?P<stem>.+)__(?P<index>\d+)$")
@@ -208,6 +208,43 @@ def build_config(
 ) -> tuple[mc.ModelConfig, CoreAssignment, list[str]]:
     """Validate ``opts`` and return the ``ModelConfig``, the core split and the warnings."""
     warnings: list[str] = []
+    _check_options(opts)
+    start, end = parse_core_range(opts.neuron_core_range)
+    cores = assign_cores(start, end, opts.triton_model_instance_count)
+    if cores.unused:
+        warnings.append(
+            f"UNUSED NEURON CORES: {len(cores.unused)} of the {end - start + 1} cores in "
+            f"{start}:{end} ({', '.join(map(str, cores.unused))}) are left idle, because "
+            f"{opts.triton_model_instance_count} instances get {cores.cores_per_instance} cores "
+            f"each ({', '.join(cores.visible_cores(i) for i in range(len(cores.ranges)))}). "
+            "Choose an instance count that divides the core count, or narrow --neuron_core_range."
+        )
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=opts.max_batch_size)
+    config.input.extend(_tensor(s, mc.ModelInput) for s in opts.inputs)
+    config.output.extend(_tensor(s, mc.ModelOutput) for s in opts.outputs)
+    config.instance_group.add(
+        kind=mc.ModelInstanceGroup.KIND_MODEL, count=opts.triton_model_instance_count
+    )
+    config.version_policy.specific.versions.append(opts.model_version)
+    warnings += _add_batching(config, opts, cores)
+    params = {
+        "TARGET": opts.target,
+        "MODEL_TYPE": opts.model_type,
+        "COMPILED_MODEL": compiled_model,
+        "NEURON_CORE_START_INDEX": start,
+        "NEURON_CORE_END_INDEX": end,
+        "NUM_THREADS_PER_CORE": opts.threads_per_core,
+        "BATCH_REQUESTS_TO_NEURON": "false" if opts.disable_batch_requests_to_neuron else "true",
+    }
+    if opts.model_type == "tensorflow":
+        params.update(TAG_SET=opts.tag_set, SIGNATURE_DEF_KEY=opts.signature_def_key)
+    for key, value in params.items():
+        config.parameters[key].string_value = str(value)
+    return config, cores, warnings
+
+
+def _check_options(opts: GenOptions) -> None:
+    """Refuse options that gen_triton_model.py would turn into a model Triton cannot serve."""
     if opts.target not in TARGETS:
         raise ConfigError(f"target {opts.target!r} is not one of {', '.join(TARGETS)}")
     if opts.model_type not in MODEL_TYPES:
@@ -232,23 +269,11 @@ def build_config(
                 raise ConfigError(
                     f"{spec.name}: a TorchScript model cannot take or return STRING tensors"
                 )
-    start, end = parse_core_range(opts.neuron_core_range)
-    cores = assign_cores(start, end, opts.triton_model_instance_count)
-    if cores.unused:
-        warnings.append(
-            f"UNUSED NEURON CORES: {len(cores.unused)} of the {end - start + 1} cores in "
-            f"{start}:{end} ({', '.join(map(str, cores.unused))}) are left idle, because "
-            f"{opts.triton_model_instance_count} instances get {cores.cores_per_instance} cores "
-            f"each ({', '.join(cores.visible_cores(i) for i in range(len(cores.ranges)))}). "
-            "Choose an instance count that divides the core count, or narrow --neuron_core_range."
-        )
-    config = mc.ModelConfig(name=name, backend="python", max_batch_size=opts.max_batch_size)
-    config.input.extend(_tensor(s, mc.ModelInput) for s in opts.inputs)
-    config.output.extend(_tensor(s, mc.ModelOutput) for s in opts.outputs)
-    config.instance_group.add(
-        kind=mc.ModelInstanceGroup.KIND_MODEL, count=opts.triton_model_instance_count
-    )
-    config.version_policy.specific.versions.append(opts.model_version)
+
+
+def _add_batching(config: mc.ModelConfig, opts: GenOptions, cores: CoreAssignment) -> list[str]:
+    """Set dynamic batching from ``opts``; return the warnings about batching options."""
+    warnings: list[str] = []
     batching_only = {
         "--preferred_batch_size": opts.preferred_batch_size,
         "--max_queue_delay_microseconds": opts.max_queue_delay_microseconds,
@@ -280,20 +305,7 @@ def build_config(
         for flag, value in batching_only.items():
             if value is not None:
                 warnings.append(f"{flag} is ignored without --enable_dynamic_batching")
-    params = {
-        "TARGET": opts.target,
-        "MODEL_TYPE": opts.model_type,
-        "COMPILED_MODEL": compiled_model,
-        "NEURON_CORE_START_INDEX": start,
-        "NEURON_CORE_END_INDEX": end,
-        "NUM_THREADS_PER_CORE": opts.threads_per_core,
-        "BATCH_REQUESTS_TO_NEURON": "false" if opts.disable_batch_requests_to_neuron else "true",
-    }
-    if opts.model_type == "tensorflow":
-        params.update(TAG_SET=opts.tag_set, SIGNATURE_DEF_KEY=opts.signature_def_key)
-    for key, value in params.items():
-        config.parameters[key].string_value = str(value)
-    return config, cores, warnings
+    return warnings
 
 
 def generate_model(opts: GenOptions) -> GeneratedModel:
@@ -351,7 +363,7 @@ def read_saved_model_signature(
 ):
     """Inputs and outputs of a TensorFlow SavedModel's signature, as ``TensorSpec`` lists."""
     try:
-        from tensorflow.python.tools import saved_model_utils  # noqa: PLC0415
+        from tensorflow.python.tools import saved_model_utils  # noqa: PLC0415 (Neuron hosts only)
     except ImportError as exc:
         raise MissingDependencyError(
             "reading a SavedModel's signature needs tensorflow (tensorflow-neuron on inf1, "
@@ -385,6 +397,6 @@ def signature_specs(items) -> list[TensorSpec]:
 
 
 def _tf_dtype_name(enum_value: int) -> str:
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415 (Neuron hosts only)
 
     return tf.dtypes.as_dtype(enum_value).name

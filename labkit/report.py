@@ -57,8 +57,8 @@ class RunReport:
 
 def to_html(notebook: Path) -> str | None:
     """Export an executed notebook to HTML beside it; a failed export is logged, not fatal."""
-    import nbformat  # noqa: PLC0415
-    from nbconvert import HTMLExporter  # noqa: PLC0415
+    import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+    from nbconvert import HTMLExporter  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     try:
         nb = nbformat.read(notebook, as_version=4)

@@ -1,0 +1,83 @@
+"""``labkit bench batching | soak``: benchmarks that write their figures (JSON and a table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labkit import bench, soak
+from labkit.runner import run_folder
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("bench", help="benchmarks that write their figures (JSON and a table)")
+    kinds = parser.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    p = kinds.add_parser("batching", help="dynamic batching off then on, one model, one server")
+    d = bench.BatchingSettings()
+    p.add_argument("--model", default=d.model, help="model to measure (default: %(default)s)")
+    p.add_argument("--model-repository", default="model_repository", help="source model repository")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size)
+    p.add_argument(
+        "--max-queue-delay-microseconds", type=int, default=d.max_queue_delay_microseconds
+    )
+    p.add_argument("--string-data", default=d.string_data, help="the prompt every request sends")
+    p.add_argument("--max-tokens", type=int, help="request parameter max_tokens (new tokens)")
+    p.add_argument("--request-count", type=int, help="requests per measurement window")
+    p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(handler=_cli_batching)
+    d = soak.SoakSettings()
+    p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
+    p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
+    p.add_argument("--model-repository", default=None, help="source model repository")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
+    p.add_argument("--memory-window", type=float, default=d.memory_window_s, help="seconds")
+    p.add_argument("--no-faults", action="store_true", help="skip the reload and the killed stub")
+    p.add_argument("--fault-window", type=float, default=d.fault_window_s, help="seconds")
+    p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli_soak)
+
+
+def _cli_batching(args) -> int:
+    settings = bench.BatchingSettings(
+        model=args.model,
+        concurrency=args.concurrency,
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
+        string_data=args.string_data,
+        request_parameters={"max_tokens": args.max_tokens} if args.max_tokens else {},
+        measurement_request_count=args.request_count,
+    )
+    run_dir = run_folder(args.run_dir, notebook="bench-batching")
+    result = bench.batching(args.model_repository, run_dir, settings)
+    print(bench.table(result))
+    text = json.dumps(result, indent=2)
+    (run_dir / "batching.json").write_text(text)
+    if args.json:
+        Path(args.json).write_text(text)
+        print(f"wrote {args.json}")
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+def _cli_soak(args) -> int:
+    settings = soak.SoakSettings(
+        model=args.model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        memory_window_s=args.memory_window,
+        faults=not args.no_faults,
+        fault_window_s=args.fault_window,
+    ).check()
+    run_dir = run_folder(args.run_dir, notebook="bench-soak")
+    result = soak.run_soak(settings, run_dir, source=args.model_repository)
+    text = json.dumps(result, indent=2)
+    (run_dir / "soak.json").write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(soak.table(result))
+    print(f"figures: {run_dir / 'soak.json'}")
+    return 0 if all(result["passed"].values()) else 1

@@ -1,0 +1,266 @@
+"""What a text-generation request may hold, and how it is answered: the model's wire contract.
+
+Every scheduler of this model folder (``model.py``'s batch of ``generate`` calls, the decoupled
+stream, a future in-flight batcher) reads requests with :class:`RequestReader` and answers with
+the response functions at the end of this module, so all of them accept and refuse the same
+requests with the same words.
+
+A request holds ``text_input`` (TYPE_STRING, one prompt per element, any shape) and may set the
+request parameters ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
+``seed`` and ``return_full_text`` (JSON-typed; config.pbtxt holds their defaults as strings). The
+answer ``text_output`` has the input's shape, one text per prompt. Anything else is refused with
+an error (HTTP 400) that names the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+INPUT_NAME = "text_input"
+OUTPUT_NAME = "text_output"
+# Request parameters the server itself may attach; never generation settings, never errors.
+IGNORED_PARAMETERS = frozenset(
+    {
+        "stream",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "binary_data_output",
+    }
+)
+
+
+class RequestError(ValueError):
+    """A request (or a config default) is invalid; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Generation settings. Requests with equal settings are generated together."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    @property
+    def do_sample(self) -> bool:
+        return self.temperature > 0
+
+
+class Prompts(NamedTuple):
+    """One request, read and checked: its prompts and how to generate and answer them."""
+
+    shape: tuple[int, ...]  # the shape of text_input; text_output gets the same
+    texts: list[str]  # the prompts, in order
+    ids: list[list[int]]  # each prompt's token ids
+    settings: Settings
+    full_text: bool  # the answer starts with the prompt (return_full_text)
+
+
+class Member(NamedTuple):
+    """A valid request of a batch: its place in the batch's request list, and its prompts."""
+
+    index: int
+    prompts: Prompts
+
+
+# -- reading a request --------------------------------------------------------------------------
+class RequestReader:
+    """Turns a Triton request into :class:`Prompts`, or raises :class:`RequestError`."""
+
+    def __init__(
+        self, tokenizer, defaults: Settings, return_full_text: bool, context: int | None
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.defaults = defaults  # config.pbtxt's settings; a request's parameters override them
+        self.return_full_text = return_full_text
+        self.context = context  # the most tokens a prompt plus its answer may have, if known
+
+    def read(self, request) -> Prompts:
+        array = self._input(request)
+        prompts = [_check_prompt(i, item) for i, item in enumerate(array.reshape(-1))]
+        settings, full_text = self._parameters(request)
+        ids = [self.tokenizer(p)["input_ids"] for p in prompts]
+        for i, seq in enumerate(ids):
+            if self.context and len(seq) + settings.max_tokens > self.context:
+                raise RequestError(
+                    f"prompt {i} is {len(seq)} tokens; with max_tokens={settings.max_tokens} that "
+                    f"exceeds the model's context of {self.context} tokens; shorten the prompt "
+                    "or lower max_tokens"
+                )
+        return Prompts(array.shape, prompts, ids, settings, full_text)
+
+    def _input(self, request) -> np.ndarray:
+        tensor = pb_utils.get_input_tensor_by_name(request, INPUT_NAME)
+        if tensor is None:
+            raise RequestError(f"input {INPUT_NAME!r} is missing")
+        array = tensor.as_numpy()
+        if array.size == 0:
+            raise RequestError(f"input {INPUT_NAME!r} holds no prompt (shape {list(array.shape)})")
+        return array
+
+    def _parameters(self, request) -> tuple[Settings, bool]:
+        """The request's settings and return_full_text: its parameters over the defaults."""
+        raw = json.loads(request.parameters() or "{}")
+        unknown = sorted(
+            set(raw)
+            - set(Settings.__dataclass_fields__)
+            - IGNORED_PARAMETERS
+            - {"return_full_text"}
+        )
+        if unknown:
+            raise RequestError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))}; this model accepts "
+                "max_tokens, temperature, top_k, top_p, repetition_penalty, seed, "
+                "return_full_text"
+            )
+        settings = parse_settings(raw, self.defaults)
+        full_text = self.return_full_text
+        if "return_full_text" in raw:
+            full_text = as_bool("return_full_text", raw["return_full_text"], from_config=False)
+        return settings, full_text
+
+
+def _check_prompt(i: int, item: object) -> str:
+    if isinstance(item, bytes):
+        try:
+            item = item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(
+                f"prompt {i} of {INPUT_NAME!r} is not valid UTF-8 "
+                f"(byte {exc.start}); send UTF-8 text"
+            ) from None
+    if not isinstance(item, str):
+        raise RequestError(f"prompt {i} of {INPUT_NAME!r} is not text: {item!r}")
+    if not item.strip():
+        raise RequestError(
+            f"prompt {i} of {INPUT_NAME!r} is empty or only whitespace; send some text"
+        )
+    if "\x00" in item:
+        raise RequestError(
+            f"prompt {i} of {INPUT_NAME!r} contains a NUL byte (at character "
+            f"{item.index(chr(0))}); send plain text"
+        )
+    return item
+
+
+def group_by_settings(
+    requests: list, read: Callable[[object], Prompts], refuse: Callable[[int, str], None]
+) -> dict[Settings, list[Member]]:
+    """The valid requests, grouped by settings; ``refuse(index, message)`` answers each other."""
+    groups: dict[Settings, list[Member]] = {}
+    for index, request in enumerate(requests):
+        try:
+            prompts = read(request)
+        except RequestError as exc:
+            refuse(index, str(exc))
+            continue
+        groups.setdefault(prompts.settings, []).append(Member(index, prompts))
+    return groups
+
+
+# -- settings -----------------------------------------------------------------------------------
+def parse_settings(
+    values: Mapping[str, object], base: Settings, *, from_config: bool = False
+) -> Settings:
+    """``base`` with the generation settings in ``values`` applied and checked.
+
+    Config parameters are strings (``from_config=True`` parses them); request parameters must
+    already have the right JSON type. Raises :class:`RequestError` naming the bad parameter.
+    """
+    changes: dict[str, object] = {}
+    if "max_tokens" in values:
+        changes["max_tokens"] = as_int(
+            "max_tokens", values["max_tokens"], minimum=1, from_config=from_config
+        )
+    if "temperature" in values:
+        t = as_float("temperature", values["temperature"], from_config=from_config)
+        if t < 0:
+            raise RequestError(f"parameter 'temperature' must be >= 0 (0 = greedy), got {t:g}")
+        changes["temperature"] = t
+    if "top_k" in values:
+        changes["top_k"] = as_int("top_k", values["top_k"], minimum=0, from_config=from_config)
+    if "top_p" in values:
+        p = as_float("top_p", values["top_p"], from_config=from_config)
+        if not 0 < p <= 1:
+            raise RequestError(f"parameter 'top_p' must be in (0, 1], got {p:g}")
+        changes["top_p"] = p
+    if "repetition_penalty" in values:
+        r = as_float("repetition_penalty", values["repetition_penalty"], from_config=from_config)
+        if r <= 0:
+            raise RequestError(f"parameter 'repetition_penalty' must be > 0, got {r:g}")
+        changes["repetition_penalty"] = r
+    if "seed" in values:
+        changes["seed"] = as_int("seed", values["seed"], minimum=0, from_config=from_config)
+    return replace(base, **changes)
+
+
+def as_int(name: str, value: object, *, minimum: int, from_config: bool) -> int:
+    if from_config and isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"parameter {name!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise RequestError(f"parameter {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def as_float(name: str, value: object, *, from_config: bool) -> float:
+    if from_config and isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RequestError(f"parameter {name!r} must be a number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise RequestError(f"parameter {name!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def as_bool(name: str, value: object, *, from_config: bool) -> bool:
+    if from_config and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise RequestError(f"parameter {name!r} must be true or false, got {value!r}")
+    return value
+
+
+# -- writing a response -------------------------------------------------------------------------
+def answer(prompts: Prompts, completions: list[str]) -> pb_utils.InferenceResponse:
+    """The response to a request: each prompt's completion (after the prompt, if asked)."""
+    texts = completions
+    if prompts.full_text:
+        texts = [p + t for p, t in zip(prompts.texts, completions, strict=True)]
+    return text_response(texts, prompts.shape)
+
+
+def text_response(texts: list[str], shape) -> pb_utils.InferenceResponse:
+    """A response whose ``text_output`` holds ``texts`` in the request's input ``shape``."""
+    out = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(shape)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(OUTPUT_NAME, out)])
+
+
+def error_response(message: str, code=None) -> pb_utils.InferenceResponse:
+    """An error response; the default code (INVALID_ARG) is HTTP 400."""
+    code = pb_utils.TritonError.INVALID_ARG if code is None else code
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def cancelled_response(message: str = "cancelled by the client") -> pb_utils.InferenceResponse:
+    errors = pb_utils.TritonError  # set up by the stub after import: look it up when used
+    return error_response(message, getattr(errors, "CANCELLED", errors.UNAVAILABLE))

@@ -1,0 +1,147 @@
+"""Token streaming for a decoupled model: each request's text goes out as it is generated.
+
+With ``model_transaction_policy { decoupled: true }`` every request gets one response per
+generated token, holding the text that token added (empty while a multi-byte character is
+incomplete), then a last response flagged final with whatever text remains (usually empty). A
+request's pieces joined are exactly its non-streaming answer (with ``return_full_text`` the
+prompt comes with the first piece). Triton serves such a model over
+``/v2/models/<m>/generate_stream`` (server-sent events) and gRPC streaming. When every client of a
+batch has gone (HTTP connection closed, gRPC stream cancelled), generation stops at the next
+token instead of running to ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import triton_python_backend_utils as pb_utils
+from transformers.generation.streamers import BaseStreamer
+
+from .protocol import Prompts, cancelled_response, text_response
+
+
+class StreamCancelled(Exception):
+    """Every request of a streamed batch was cancelled: generation stops early."""
+
+
+class PieceStreamer(BaseStreamer):
+    """Sends each request of a ``generate`` batch the text each new token adds, as it is made.
+
+    ``senders[m]`` is the response sender of the request whose prompts are ``requests[m]``; their
+    prompts are in the batch in that order. ``decode(prompt_ids, new_ids)`` is the function that
+    makes the non-streaming answer, so the pieces add up to that answer. ``generate()`` calls
+    :meth:`put` with each new token of every row; the caller calls :meth:`finish` once
+    ``generate()`` has returned, so that a failed generate sends errors, not a last piece.
+    """
+
+    def __init__(
+        self,
+        senders: list,
+        requests: list[Prompts],
+        decode: Callable[[list[int], list[int]], str],
+        eos_ids: set[int],
+    ) -> None:
+        self.streams = [
+            RequestStream(sender, prompts)
+            for sender, prompts in zip(senders, requests, strict=True)
+        ]
+        self.rows = [row for stream in self.streams for row in stream.rows]  # the batch's order
+        self.decode = decode
+        self.eos_ids = eos_ids
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() first passes the prompt batch
+            self.prompt_seen = True
+            return
+        for stream in self.streams:
+            if not stream.cancelled and stream.sender.is_cancelled():
+                stream.cancel()
+        if all(stream.cancelled for stream in self.streams):  # every client went away: stop
+            raise StreamCancelled(f"{len(self.streams)} request(s) cancelled by their clients")
+        pieces: dict[RequestStream, list[str]] = {}
+        for row, token in zip(self.rows, value.reshape(-1).tolist(), strict=True):
+            if row.done:
+                continue
+            if token in self.eos_ids:
+                row.done = True
+                continue
+            row.new.append(token)
+            piece = stable_piece(self.decode(row.ids, row.new), row.emitted)
+            row.emitted += piece
+            pieces.setdefault(row.stream, [""] * len(row.stream.rows))[row.index] = piece
+        for stream, texts in pieces.items():
+            stream.send(texts)
+
+    def end(self) -> None:
+        """Called by generate() when it is done; :meth:`finish` (the caller's) sends the end."""
+
+    def finish(self) -> None:
+        """Send every request its last response, flagged final."""
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for stream in self.streams:
+            if stream.cancelled:
+                try:
+                    stream.sender.send(cancelled_response(), flags=final)
+                except Exception as exc:  # noqa: BLE001 (the request may be gone already)
+                    pb_utils.Logger.log_info(f"cancelled request not told: {exc!r}")
+                continue
+            texts = [self._rest(row) for row in stream.rows]
+            stream.send(texts, flags=final)
+
+    def _rest(self, row: Row) -> str:
+        """What of a row's whole answer has not been sent yet."""
+        whole = self.decode(row.ids, row.new)
+        if not whole.startswith(row.emitted):  # cannot happen with HF tokenizers
+            pb_utils.Logger.log_warn(f"streamed text diverged from {whole!r}")
+            return ""
+        return whole[len(row.emitted) :]
+
+
+@dataclass(eq=False)  # compared (and hashed) by identity: a key of put()'s pieces
+class RequestStream:
+    """One request of a streamed batch: where its responses go and what was sent."""
+
+    sender: object  # the request's response sender
+    prompts: Prompts
+    rows: list[Row] = field(init=False)
+    sent: bool = False  # a response went out already
+    cancelled: bool = False  # its client went away
+
+    def __post_init__(self) -> None:
+        self.rows = [Row(self, i, ids) for i, ids in enumerate(self.prompts.ids)]
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for row in self.rows:
+            row.done = True
+
+    def send(self, pieces: list[str], flags: int = 0) -> None:
+        """Send one piece per prompt; the first response starts with the prompt if asked."""
+        if self.prompts.full_text and not self.sent:
+            pieces = [p + piece for p, piece in zip(self.prompts.texts, pieces, strict=True)]
+        self.sender.send(text_response(pieces, self.prompts.shape), flags=flags)
+        self.sent = True
+
+
+@dataclass(eq=False)
+class Row:
+    """One prompt of the ``generate`` batch: its tokens so far and the text already sent."""
+
+    stream: RequestStream
+    index: int  # the prompt's place in its request
+    ids: list[int]  # the prompt's token ids
+    new: list[int] = field(default_factory=list)  # the tokens generated for it
+    emitted: str = ""  # the text sent for it
+    done: bool = False  # ended (end-of-sequence token) or cancelled
+
+
+def stable_piece(text: str, emitted: str) -> str:
+    """What of ``text`` (the answer so far) can be sent after ``emitted`` without taking back.
+
+    A trailing U+FFFD is a character whose bytes have not all arrived yet: it waits. Text that
+    no longer starts with what was sent (a tokenizer rewrote earlier text) waits for the end.
+    """
+    text = text.rstrip("\ufffd")
+    return text[len(emitted) :] if text.startswith(emitted) else ""

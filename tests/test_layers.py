@@ -1,0 +1,184 @@
+"""labkit's shape holds: no import cycles, no upward imports between layers, ``cli`` imported by
+nobody, and no labkit import hidden in a function. The layers are documented in
+``labkit/__init__.py``; this test is their definition."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "labkit"
+
+#: Each top-level part of labkit and its layer, from the bottom.
+LAYERS = {
+    "errors": 1,
+    "settings": 1,
+    "proc": 1,
+    "hardware": 2,
+    "repository": 2,
+    "server": 3,
+    "client": 4,
+    "streaming": 4,
+    "embedding": 4,
+    "profiling": 4,
+    "capacity": 4,
+    "neuron": 4,
+    "lab": 5,
+    "runner": 5,
+    "report": 5,
+    "widgets": 5,
+    "plots": 5,
+    "doctor": 5,
+    "bench": 5,
+    "soak": 5,
+    "cli": 6,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def labkit_modules() -> dict[str, Path]:
+    """Every module of the package except the model templates (they run inside Triton)."""
+    return {
+        module_name(p): p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "templates" not in p.relative_to(PACKAGE).parts
+    }
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(imported at module level, imported inside a function) labkit modules of ``path``.
+
+    Imports under ``if TYPE_CHECKING:`` are for annotations only and are not counted.
+    """
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    top: set[str] = set()
+    inner: set[str] = set()
+
+    def targets(node: ast.AST) -> set[str]:
+        found = set()
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            if stem == "labkit" or stem.startswith("labkit."):
+                submodules = {f"{stem}.{a.name}" for a in node.names} & KNOWN
+                found.update(submodules)
+                if len(submodules) < len(node.names):  # names defined by the module itself
+                    found.add(stem)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("labkit"))
+        return found
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (inner if in_function else top).update(targets(child))
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return top & KNOWN, inner & KNOWN
+
+
+def part(module: str) -> str:
+    """``labkit.server.live`` -> ``server``; ``labkit`` -> ``labkit``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "labkit"
+
+
+KNOWN = set(labkit_modules())
+GRAPH = {name: imports(path) for name, path in labkit_modules().items()}
+
+
+def test_every_part_of_labkit_has_a_layer():
+    parts = {part(m) for m in GRAPH} - {"labkit"}
+    assert parts == set(LAYERS), f"give these a layer in LAYERS: {parts ^ set(LAYERS)}"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    upward = [
+        f"{module} (layer {LAYERS[part(module)]}) imports {target} (layer {LAYERS[part(target)]})"
+        for module, (top, inner) in GRAPH.items()
+        if part(module) != "labkit"
+        for target in top | inner
+        if part(target) != "labkit" and LAYERS[part(target)] > LAYERS[part(module)]
+    ]
+    assert upward == []
+
+
+def test_nothing_outside_cli_imports_cli():
+    users = [
+        module
+        for module, (top, inner) in GRAPH.items()
+        if part(module) != "cli" and any(part(t) == "cli" for t in top | inner)
+    ]
+    assert users == []
+
+
+def test_no_labkit_import_is_hidden_inside_a_function():
+    hidden = {module: sorted(inner) for module, (_, inner) in GRAPH.items() if inner}
+    assert hidden == {}
+
+
+def test_the_module_import_graph_has_no_cycle():
+    edges = {
+        m: {t for t in top if t != m and not m.startswith(t + ".")} for m, (top, _) in GRAPH.items()
+    }
+    # A package's __init__ re-exports its submodules: an edge from a submodule to its own
+    # package is the submodule reading a sibling through the package, which we also forbid below.
+    state: dict[str, int] = {}
+    cycles = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                walk(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node, [node])
+    assert cycles == []
+
+
+def test_a_submodule_never_imports_its_own_package():
+    """``labkit/server/live.py`` importing ``labkit.server`` would run the package's
+    ``__init__`` (which imports live.py) half-way: siblings are imported by their own names."""
+    offenders = [
+        (module, target)
+        for module, (top, _) in GRAPH.items()
+        for target in top
+        if module.startswith(target + ".") and not module.endswith(".__main__")
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", ["TritonServer", "Repository", "LabkitError"])
+def test_the_top_level_names_stay_importable_from_labkit(name):
+    import labkit
+
+    assert getattr(labkit, name).__name__ == name
