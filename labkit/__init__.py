@@ -17,8 +17,14 @@ Dependencies point one way, from the top layer down; ``tests/test_layers.py`` ho
 A module imports only from its own layer or below, and no import cycle exists.
 """
 
+import logging
+
 from labkit.errors import LabkitError
 from labkit.repository import Repository
 from labkit.server import TritonServer, locate_tritonserver
 
 __all__ = ["LabkitError", "Repository", "TritonServer", "locate_tritonserver"]
+
+# A library logs and lets its user decide what to show (the CLI configures logging; notebooks get
+# labkit's warnings as ordinary output, see labkit.lab).
+logging.getLogger("labkit").addHandler(logging.NullHandler())

@@ -83,6 +83,8 @@ def _client(url: str, protocol: str, timeout_s: float = 600.0):
             address, connection_timeout=timeout_s, network_timeout=timeout_s
         )
     if protocol == "grpc":
+        import tritonclient.grpc as module  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
+
         return module, module.InferenceServerClient(_address(url))
     raise ConfigError(f"protocol {protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
 
@@ -210,3 +212,54 @@ def curl_command(
     target = f"{_address(url)}/v2/models/{model}/{endpoint}"
     flags = "-N " if endpoint == "generate_stream" else ""
     return f"curl {flags}-X POST {target} -d {shlex.quote(json.dumps(body))}"
+
+
+#: The tutorial's sample /infer answer (falcon-7b), as it printed it. Its output is named "text";
+#: the tutorial's own config.pbtxt names it "text_output", which is what Triton really sends.
+TUTORIAL_INFER_RESPONSE = {
+    "model_name": "falcon7b",
+    "model_version": "1",
+    "outputs": [
+        {
+            "name": "text",
+            "datatype": "BYTES",
+            "shape": [1],
+            "data": ["I am going to be in the market for a new laptop soon. I"],
+        }
+    ],
+}
+
+
+def infer_json(
+    url: str, model: str, prompt: str, *, batched: bool = False, timeout_s: float = 600.0, **params
+) -> dict:
+    """The raw JSON answer of ``/v2/models/<model>/infer``: the tutorial's curl request, in Python.
+
+    ``batched``: send the prompt as shape ``[1, 1]``, as a model with ``max_batch_size > 0``
+    needs (the tutorial's ``[1]`` is then refused). Refusals raise :class:`InferenceError` with
+    Triton's message.
+    """
+    body = {
+        "inputs": [
+            {
+                "name": INPUT_NAME,
+                "datatype": "BYTES",
+                "shape": [1, 1] if batched else [1],
+                "data": [prompt],
+            }
+        ]
+    }
+    if params:
+        body["parameters"] = params
+    request = urllib.request.Request(
+        f"http://{_address(url)}/v2/models/{model}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise _refused(model, exc.code, error_text(exc)) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise _unreachable(url, exc) from exc

@@ -7,13 +7,38 @@ loopback ports, keeps its log in the run folder and is stopped with the kernel.
 from __future__ import annotations
 
 import ast
+import json
+import logging
 import os
+import sys
 from pathlib import Path
 
 from labkit.errors import ConfigError, LabkitError, MissingFileError
+from labkit.report import FIGURES_FILE
 from labkit.repository import Repository, add_model, catalog, prepare_repository
 from labkit.runner import copy_model_repository
-from labkit.server import TritonServer
+from labkit.server import TritonServer, warm_up
+
+
+def show_warnings_in_notebooks() -> None:
+    """In a Jupyter kernel, print labkit's warnings as ordinary output (``labkit: ...``).
+
+    Without a handler Python would write them to stderr, which a notebook shows as a red box
+    that reads like a failure. Called when this module is imported; harmless outside a kernel.
+    """
+    if "ipykernel" not in sys.modules:
+        return
+    logger = logging.getLogger("labkit")
+    if any(getattr(h, "labkit_notebook", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("labkit: %(message)s"))
+    handler.labkit_notebook = True
+    logger.addHandler(handler)
+
+
+show_warnings_in_notebooks()
 
 
 def prepare_run_repository(
@@ -72,12 +97,14 @@ def start_server(
     http_port: int = 0,
     grpc_port: int = 0,
     metrics_port: int = 0,
+    warm: bool = True,
     **options: object,
 ) -> TritonServer:
-    """Start (or attach to) a Triton server on ``repository`` and return it once ready.
+    """Start (or attach to) a Triton server on ``repository`` and return it once ready and warm.
 
     Ports default to free ones (the tutorial's are 8000, 8001 and 8002); the server's log is
     ``<run_dir>/tritonserver.log``; ``options`` go to :class:`~labkit.server.TritonServer`.
+    Every loaded model is warmed up (:func:`labkit.server.warm_up`) unless ``warm=False``.
     """
     server = TritonServer(
         repository,
@@ -90,7 +117,12 @@ def start_server(
         log_path=Path(run_dir) / "tritonserver.log",
         **options,
     )
-    return server.start()
+    server.start()
+    if warm:
+        for row in server.model_index():
+            if row.get("state") == "READY":
+                warm_up(server, row["name"])
+    return server
 
 
 def show_code(path: str | os.PathLike, *names: str) -> str:
@@ -133,3 +165,53 @@ def expect_error(call, *args: object, **kwargs: object) -> LabkitError:
     except LabkitError as error:
         return error
     raise AssertionError(f"{getattr(call, '__name__', call)} raised no error for {args!r}")
+
+
+def record(run_dir: str | os.PathLike, **figures: object) -> dict:
+    """Write a notebook's headline figures to ``<run_dir>/figures.json`` (merged with earlier ones).
+
+    ``labkit run`` shows them in its summary table and in ``index.html``. Numbers are rounded to
+    4 significant digits; every value must be JSON (a number, a string, a bool, a list).
+    """
+    path = Path(run_dir) / FIGURES_FILE
+    recorded = json.loads(path.read_text()) if path.is_file() else {}
+    for name, value in figures.items():
+        if isinstance(value, float):
+            value = float(f"{value:.4g}")
+        recorded[name] = value
+    text = json.dumps(recorded, indent=2, sort_keys=True)  # refuses what JSON cannot hold
+    path.write_text(text + "\n", encoding="utf-8")
+    return recorded
+
+
+#: Lines a CPU-only host logs at start: the GPU monitors find no GPU, and Triton carries on.
+NO_GPU_NOISE = ("Failed to initialize NVML", "DCGM", "Unable to get power limit", "GPU metrics")
+
+
+def startup_lines(server: TritonServer) -> str:
+    """The lines of the server's log that say it is up (``Started ...``), as the tutorial shows
+    them, and a word on the NVML/DCGM errors a host without a GPU logs (they are harmless)."""
+    if not server.log_path or not Path(server.log_path).is_file():
+        raise MissingFileError(f"{server!r} keeps no log here (a remote server's log is remote)")
+    lines = Path(server.log_path).read_text(encoding="utf-8", errors="replace").splitlines()
+    started = [line for line in lines if "Started " in line]
+    noise = [line for line in lines if any(n in line for n in NO_GPU_NOISE)]
+    text = "\n".join(started)
+    if noise:
+        text += (
+            f"\n\n({len(noise)} log line(s) about NVML/DCGM and GPU metrics are left out: "
+            "without an NVIDIA GPU Triton cannot start its GPU monitors, says so, and serves "
+            "on the CPU. They are harmless here.)"
+        )
+    return text
+
+
+def show_table(frame):
+    """A DataFrame as a notebook shows it best for text: every cell whole (pandas cuts at 50
+    characters by default), left-aligned, no index."""
+    left = [{"selector": "th", "props": [("text-align", "left")]}]
+    return (
+        frame.style.hide(axis="index")
+        .set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
+        .set_table_styles(left)
+    )

@@ -1,4 +1,4 @@
-"""Plotly figures for the frames :mod:`labkit.profiling` and :mod:`labkit.analyzer` return.
+"""Plotly figures for the frames :mod:`labkit.profiling` (perf_analyzer, Model Analyzer) returns.
 
 Each function takes one DataFrame (or several, which are concatenated) with a ``config`` column
 naming the configuration each row was measured with, and returns a ``plotly.graph_objects.Figure``.

@@ -9,6 +9,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+#: A notebook's headline figures, in its own folder (written by labkit.lab.record).
+FIGURES_FILE = "figures.json"
+
 
 @dataclass
 class NotebookResult:
@@ -22,6 +25,9 @@ class NotebookResult:
     cell: int | None = None  # index of the failing cell in the executed notebook
     source: str | None = None  # the failing cell's first line
     error: str | None = None
+    purpose: str = ""  # the notebook's title line
+    figures: dict = field(default_factory=dict)  # what the notebook recorded (labkit.lab.record)
+    folder: str | None = None  # the notebook's own working folder (logs, reports)
 
     def where(self) -> str:
         """``cell 3 (`x = f()`): `` for a failure inside a cell, else an empty string."""
@@ -49,6 +55,10 @@ class RunReport:
         widths = [max(len(row[i]) for row in rows) for i in range(3)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
+        for r in self.results:
+            if r.figures:
+                shown = ", ".join(f"{k} {v}" for k, v in r.figures.items())
+                lines.append(f"{Path(r.notebook).name}: {shown}")
         for r in self.results:
             if r.error:
                 lines.append(f"{Path(r.notebook).name}: {r.where()}{r.error}")
@@ -94,29 +104,58 @@ def _describe_unrenderable(nb) -> None:
 
 
 def write_index(report: RunReport) -> Path:
-    """``index.html``: one row per notebook with links to its HTML and executed notebook."""
+    """``index.html``: one row per notebook: its purpose, status, duration, headline figures, and
+    links to its HTML, the executed notebook and its working folder (logs, reports)."""
     rows = []
     for r in report.results:
         name = Path(r.notebook).name
-        link = (
-            f'<a href="{html.escape(Path(r.html).name)}">{html.escape(name)}</a>'
-            if r.html
-            else html.escape(name)
+        links = [f"<a href='{_href(r.output, report.run_dir)}'>ipynb</a>"]
+        if r.html:
+            links.insert(0, f"<a href='{_href(r.html, report.run_dir)}'>HTML</a>")
+        if r.folder and Path(r.folder).is_dir():
+            links.append(f"<a href='{_href(r.folder, report.run_dir)}/'>files</a>")
+        figures = "".join(
+            f"<li>{html.escape(str(k))}: <b>{html.escape(str(v))}</b></li>"
+            for k, v in r.figures.items()
         )
         error = html.escape(f"{r.where()}{r.error}" if r.error else "")
         rows.append(
-            f"<tr class='{r.status}'><td>{link}</td><td>{r.status}</td>"
-            f"<td>{r.duration_s:.1f} s</td><td><a href='{html.escape(Path(r.output).name)}'>"
-            f"ipynb</a></td><td>{error}</td></tr>"
+            f"<tr class='{r.status}'><td><b>{html.escape(name)}</b><br>"
+            f"<span class='purpose'>{html.escape(r.purpose)}</span></td><td>{r.status}</td>"
+            f"<td>{r.duration_s:.1f} s</td><td><ul>{figures}</ul></td>"
+            f"<td>{' · '.join(links)}</td><td>{error}</td></tr>"
         )
+    passed = sum(r.status == "ok" for r in report.results)
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit run "
-        f"{html.escape(report.run_dir.name)}</title><style>body{{font-family:sans-serif}}"
-        "td,th{padding:4px 10px;text-align:left}.failed{color:#b00}</style></head><body>"
-        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1><table>"
-        "<tr><th>notebook</th><th>status</th><th>duration</th><th>notebook file</th>"
-        f"<th>error</th></tr>{''.join(rows)}</table></body></html>\n"
+        f"{html.escape(report.run_dir.name)}</title><style>body{{font-family:sans-serif;"
+        "margin:2em}table{border-collapse:collapse}td,th{padding:6px 12px;text-align:left;"
+        "vertical-align:top;border-bottom:1px solid #ddd}ul{margin:0;padding-left:1.2em}"
+        ".failed td{color:#b00}.purpose{color:#555}</style></head><body>"
+        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1>"
+        f"<p>{passed} of {len(report.results)} notebooks passed.</p><table>"
+        "<tr><th>notebook</th><th>status</th><th>duration</th><th>headline figures</th>"
+        f"<th>links</th><th>error</th></tr>{''.join(rows)}</table></body></html>\n"
     )
     index = report.run_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+def _href(path: str, root: Path) -> str:
+    target = Path(path)
+    return html.escape(
+        str(target.relative_to(root)) if target.is_relative_to(root) else target.name
+    )
+
+
+def purpose(notebook: Path) -> str:
+    """A notebook's title: its first markdown heading, without the ``#``."""
+    import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return ""

@@ -31,7 +31,7 @@ import yaml
 
 from labkit import settings
 from labkit.errors import ConfigError, MissingFileError
-from labkit.report import NotebookResult, RunReport, to_html, write_index
+from labkit.report import FIGURES_FILE, NotebookResult, RunReport, purpose, to_html, write_index
 from labkit.repository import Repository
 from labkit.settings import project_root, runs_root
 
@@ -304,6 +304,12 @@ def run_notebooks(
         result = _execute(
             path, run_dir / f"{stem}.ipynb", params, kernel, cell_timeout_s, progress_bar
         )
+        result.purpose = purpose(path)
+        if RUN_DIR_PARAMETER in params:
+            result.folder = params[RUN_DIR_PARAMETER]
+            figures = Path(result.folder) / FIGURES_FILE
+            if figures.is_file():
+                result.figures = json.loads(figures.read_text())
         report.results.append(result)
         if result.status != "ok" and stop_on_failure:
             break

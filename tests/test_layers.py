@@ -37,6 +37,7 @@ LAYERS = {
     "bench": 5,
     "soak": 5,
     "gpu_check": 5,
+    "lessons": 5,
     "cli": 6,
 }
 

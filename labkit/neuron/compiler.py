@@ -169,7 +169,42 @@ def load(path: str | os.PathLike):
     return model.eval()
 
 
+@contextlib.contextmanager
+def _quiet_trace():
+    """Silence what tracing a transformers model prints, each for its reason.
+
+    - ``TracerWarning``: transformers' masking code branches on tensor shapes, which a trace
+      fixes for the traced shapes; the traced model is compiled for exactly those shapes, and the
+      lab checks its outputs against eager PyTorch (:func:`labkit.neuron.lab.compare`).
+    - the ``is_gradient_checkpointing`` FutureWarning and the ``loss_type`` notice: the tracer
+      reads every attribute of the module, deprecated properties included; neither concerns
+      inference.
+    """
+    import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
+
+    try:
+        from transformers.utils import logging as hf_logging  # noqa: PLC0415 (a model library: importing labkit loads none)
+    except ImportError:  # a plain PyTorch model, no transformers here
+        hf_logging = None
+    verbosity = hf_logging.get_verbosity() if hf_logging else None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        if hf_logging:
+            hf_logging.set_verbosity_error()
+        try:
+            yield
+        finally:
+            if hf_logging:
+                hf_logging.set_verbosity(verbosity)
+
+
 def _trace(model, inputs, target, args, workdir, dynamic_batch_size):
+    with _quiet_trace():
+        return _trace_for(model, inputs, target, args, workdir, dynamic_batch_size)
+
+
+def _trace_for(model, inputs, target, args, workdir, dynamic_batch_size):
     import torch  # noqa: PLC0415 (a model library: importing labkit loads none)
 
     if target == "cpu":

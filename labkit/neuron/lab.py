@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,11 @@ import numpy as np
 import pandas as pd
 
 from labkit import profiling
-from labkit.errors import MissingDependencyError
+from labkit.errors import ConfigError, MissingDependencyError
 from labkit.neuron import compiler
-from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
+from labkit.neuron.compiler import CompiledModel
+from labkit.neuron.gen import GeneratedModel, GenOptions, TensorSpec, generate_model
+from labkit.neuron.llm import NeuronLLMConfig, generate_llm_model
 
 log = logging.getLogger(__name__)
 SENTENCES = [
@@ -234,3 +237,129 @@ def profile_add_sub(server, run_dir: str | os.PathLike, concurrency: str = "1:4:
         label="add_sub",
         progress=False,
     )
+
+
+# -- the Inferentia guide's other options, shown on generated model folders ----------------------
+def core_split(
+    run_dir: str | os.PathLike,
+    compiled: CompiledModel,
+    *,
+    neuron_core_range: str = "0:3",
+    instance_count: int = 2,
+) -> pd.DataFrame:
+    """The guide's ``--triton_model_instance_count 2 --neuron_core_range 0:3``: one model folder
+    whose instances each get their own NeuronCores; one row per instance with the cores it sees
+    (``NEURON_RT_VISIBLE_CORES``, set by the generated model.py from its instance index)."""
+    made = generate_model(
+        GenOptions(
+            Path(run_dir) / "split" / "add_sub",
+            compiled.path,
+            target=compiled.target if compiled.target != "cpu" else "inf2",
+            neuron_core_range=neuron_core_range,
+            triton_model_instance_count=instance_count,
+            inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
+            outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
+            copy_compiled_model=True,
+        )
+    )
+    rows = [
+        {"instance": i, "cores": f"{a}:{b}", "NEURON_RT_VISIBLE_CORES": made.cores.visible_cores(i)}
+        for i, (a, b) in enumerate(made.cores.ranges)
+    ]
+    frame = pd.DataFrame(rows)
+    frame.attrs.update(model=made, unused=list(made.cores.unused), warnings=made.warnings)
+    return frame
+
+
+def batching_options(run_dir: str | os.PathLike, compiled: CompiledModel) -> dict[str, str]:
+    """Two folders for the guide's batching options: ``--preferred_batch_size 2 4`` (multiples of
+    the 2 cores per instance) and ``--disable_batch_requests_to_neuron``; name -> config.pbtxt."""
+    shown = {}
+    for name, extra in (
+        ("preferred", {"preferred_batch_size": [2, 4]}),
+        ("unbatched_to_neuron", {"disable_batch_requests_to_neuron": True}),
+    ):
+        made = generate_model(
+            GenOptions(
+                Path(run_dir) / "options" / name,
+                compiled.path,
+                target="inf2",
+                neuron_core_range="0:1",
+                enable_dynamic_batching=True,
+                max_batch_size=8,
+                inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
+                outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
+                **extra,
+            )
+        )
+        shown[name] = (made.path / "config.pbtxt").read_text()
+    return shown
+
+
+def tensorflow_model(run_dir: str | os.PathLike) -> GeneratedModel:
+    """The guide's TensorFlow path: a folder for a Neuron-compiled SavedModel (ResNet-50's
+    inputs and outputs, given explicitly because TensorFlow is not installed here; with it, they
+    are read from the SavedModel's signature). Generated only: it runs on a Neuron host."""
+    return generate_model(
+        GenOptions(
+            Path(run_dir) / "tensorflow" / "rn50-1neuroncores-bs1x1",
+            "resnet50_neuron_savedmodel/1",
+            target="inf1",
+            model_type="tensorflow",
+            neuron_core_range="0:0",
+            inputs=[TensorSpec("input_1", "FP32", (1, 224, 224, 3))],
+            outputs=[TensorSpec("probabilities", "FP32", (1, 1000))],
+        )
+    )
+
+
+#: Neuron devices per instance size, for the guide's ``docker run --device`` line.
+DEVICES = {
+    "inf1.xlarge": 1,
+    "inf1.24xlarge": 16,
+    "inf2.xlarge": 1,
+    "inf2.48xlarge": 12,
+    "trn1.32xlarge": 16,
+}
+
+
+def docker_command(instance_type: str, repository: str | os.PathLike, image: str) -> str:
+    """The guide's ``docker run --device /dev/neuron0 ...`` for ``instance_type``, serving
+    ``repository`` with ``image`` (a tritonserver image with the Neuron runtime installed)."""
+    if instance_type not in DEVICES:
+        raise ConfigError(f"unknown instance type {instance_type!r}; one of {', '.join(DEVICES)}")
+    devices = [f"--device=/dev/neuron{i}" for i in range(DEVICES[instance_type])]
+    args = [
+        "docker",
+        "run",
+        *devices,
+        "-v",
+        f"{Path(repository).resolve()}:/models",
+        "-v",
+        "/lib/udev:/mylib/udev",
+        "--shm-size=1g",
+        "--ulimit",
+        "memlock=-1",
+        "--ulimit",
+        "stack=67108864",
+        "-p",
+        "8000:8000",
+        "-p",
+        "8001:8001",
+        "-p",
+        "8002:8002",
+        "--rm",
+        image,
+        "tritonserver",
+        "--model-repository=/models",
+    ]
+    return shlex.join(args)
+
+
+def llm_model(run_dir: str | os.PathLike, model: str = "facebook/opt-125m") -> Path:
+    """The guide's LLM part on today's path: a Triton model folder for optimum-neuron's
+    ``NeuronModelForCausalLM`` (the guide's transformers-neuronx ``OPTForSampling``: AWS ended
+    transformers-neuronx support in September 2025 for NxD Inference, which optimum-neuron
+    wraps). Tensor parallelism over 2 cores (one inf2 chip), bf16, as the guide's settings."""
+    cfg = NeuronLLMConfig(model=model, tp_degree=2, batch_size=1, sequence_length=2048)
+    return generate_llm_model(Path(run_dir) / "llm" / "opt", cfg)

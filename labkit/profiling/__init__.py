@@ -6,13 +6,15 @@
 """
 
 from .metrics import metrics, request_counts, scrape
-from .perf import Tool, locate_perf_analyzer, perf_analyzer, write_perf_data
+from .perf import Tool, locate_perf_analyzer, perf_analyzer, repeated, report, write_perf_data
 
 __all__ = [
     "Tool",
     "locate_perf_analyzer",
     "metrics",
     "perf_analyzer",
+    "repeated",
+    "report",
     "request_counts",
     "scrape",
     "write_perf_data",

@@ -352,11 +352,14 @@ def summary(result: AnalyzerResult) -> pd.DataFrame:
         "concurrency",
         "p99_ms",
         "throughput",
-        "cpu_memory_mb",
         "gpu_memory_mb",
         "gpu_utilization",
     ]
+    # cpu_memory_mb is left out: on a CPU host Model Analyzer reads the tritonserver process
+    # alone (37 MB), not the Python stubs that hold the model, so it would mislead.
     table = best[[c for c in columns if c in best]].copy()
+    if not table.get("gpu_memory_mb", pd.Series(dtype=float)).fillna(0).any():
+        table = table.drop(columns=["gpu_memory_mb", "gpu_utilization"], errors="ignore")
     return table.sort_values("throughput", ascending=False, ignore_index=True)
 
 
@@ -383,3 +386,44 @@ def apply_config(result: AnalyzerResult, variant: str, server, model: str) -> st
     cfg = read_config(result.configs[variant]["path"])
     cfg.name = model
     return reload(server, model, cfg)
+
+
+def command_line(repository: str | os.PathLike, settings: AnalyzerSettings) -> str:
+    """The ``model-analyzer profile`` command a learner would type for the same search.
+
+    labkit itself runs ``model-analyzer profile -f <run>/model-analyzer.yaml``, which also holds
+    the ports, paths and wrapper that keep the run inside its folder.
+    """
+    args = [
+        "model-analyzer",
+        "profile",
+        "-m",
+        str(Path(repository).resolve()),
+        "--profile-models",
+        ",".join(settings.models),
+        "--run-config-search-mode",
+        settings.search_mode,
+        f"--run-config-search-max-instance-count={settings.max_instance_count}",
+        f"--run-config-search-min-model-batch-size={settings.min_model_batch_size}",
+        f"--run-config-search-max-model-batch-size={settings.max_model_batch_size}",
+        "--concurrency",
+        ",".join(str(c) for c in settings.concurrency),
+        "--triton-launch-mode=local",
+    ]
+    return shlex.join(args)
+
+
+def summary_report(result: AnalyzerResult):
+    """Model Analyzer's own summary report, for display in a notebook (IPython HTML).
+
+    The report is HTML when ``wkhtmltopdf`` is not installed (as here); its plots are embedded.
+    """
+    from IPython.display import HTML  # noqa: PLC0415 (a notebook display; the library needs no IPython)
+
+    reports = [r for r in result.reports if r.suffix.startswith(".htm") and "summary" in r.parts]
+    if not reports:
+        raise ToolError(
+            f"Model Analyzer wrote no HTML summary report under {result.export_path / 'reports'}; "
+            f"its reports: {', '.join(str(r) for r in result.reports) or 'none'}"
+        )
+    return HTML(reports[0].read_text(encoding="utf-8", errors="replace"))

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -297,6 +298,7 @@ def _measure(
     row.update(_parse_server_counts(result.stdout))
     row["concurrency"] = level
     row["stable"] = stable
+    row["log"] = str(stem.with_suffix(".log"))
     return row
 
 
@@ -304,7 +306,7 @@ def _run(tool: Tool, args: list[str], timeout_s: float, stem: Path):
     started = time.monotonic()
     result = proc.run(args, timeout_s=timeout_s, env=tool.environ(), check=False)
     stem.with_suffix(".log").write_text(
-        f"$ {' '.join(args)}\n# status {result.returncode} after "
+        f"$ {shlex.join(str(a) for a in args)}\n# status {result.returncode} after "
         f"{time.monotonic() - started:.1f} s\n{result.stdout}\n{result.stderr}"
     )
     return result
@@ -383,3 +385,47 @@ def write_perf_data(path: str | os.PathLike, inputs: list[dict], expected: list[
     path = Path(path)
     path.write_text(json.dumps(doc))
     return path
+
+
+def repeated(
+    server, model: str, *, repeats: int, label: str | None = None, **options
+) -> pd.DataFrame:
+    """:func:`perf_analyzer` ``repeats`` times over; the rows of all runs, with a ``repeat`` column.
+
+    Repeats show the noise of a measurement on a shared machine: a difference smaller than the
+    spread between repeats of the same configuration is not a difference.
+    """
+    if repeats < 1:
+        raise ConfigError(f"repeats must be 1 or more, got {repeats}")
+    name = label or model
+    runs = [
+        perf_analyzer(server, model, label=f"{name} #{i + 1}", **options).assign(repeat=i + 1)
+        for i in range(repeats)
+    ]
+    frame = pd.concat(runs, ignore_index=True)
+    frame["config"] = name
+    return frame
+
+
+def report(frame: pd.DataFrame, concurrency: int) -> str:
+    """perf_analyzer's own command and report for one level of a sweep, as a learner runs it.
+
+    The command is quoted so that it pastes into a shell; the report is perf_analyzer's text
+    from its ``Concurrency:`` line on, with the ``Client:`` and ``Server:`` breakdown (queue,
+    compute input, compute infer, compute output) that the tutorial reads.
+    """
+    rows = frame[frame["concurrency"] == concurrency]
+    if rows.empty:
+        raise ConfigError(
+            f"concurrency {concurrency} was not measured; the sweep has "
+            f"{', '.join(str(c) for c in frame['concurrency'])}"
+        )
+    text = Path(rows.iloc[0]["log"]).read_text(encoding="utf-8")
+    command = text.splitlines()[0].removeprefix("$ ")
+    command = re.sub(r"^\S*/perf_analyzer ", "perf_analyzer ", command)
+    body = text.split("Request concurrency:", 1)[-1]
+    start = body.find("  Client:")
+    block = body[start:] if start >= 0 else body
+    block = block.split("Inferences/Second vs. Client", 1)[0]
+    block = block.split("  Server Prometheus Metrics:", 1)[0].rstrip()  # GPU lines, empty on a CPU
+    return f"$ {command}\n\nRequest concurrency: {concurrency}\n{block}"

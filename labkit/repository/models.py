@@ -1,4 +1,4 @@
-"""The models the lab serves: offline weight builders, the catalog, and adding a model folder.
+"""The models the lab serves: offline weight builders, the catalog, and each model kind's config.
 
 How a repository model finds its weights without a machine-specific path in git:
 

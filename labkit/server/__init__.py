@@ -3,25 +3,42 @@
 - :mod:`.locate`: find a ``tritonserver`` and arrange its Python backend (the bundled wheel's);
 - :mod:`.process`: :class:`TritonServer`, one object per server process group (start, wait for
   every endpoint, stop, logs with tokens redacted);
+- :mod:`.image`: the docker mode's image (the ``docker build`` of ``docker/Dockerfile``, and the
+  check that an image exists and imports transformers);
 - :mod:`.live`: live control through Triton's repository API (index, reload, unload, the
   Python stubs, recover a model whose stub died).
 """
 
-from .live import index, recover, reload, restart, served_config, stubs, unhealthy, unload
+from .image import ImageInfo, inspect_image, require_image
+from .live import (
+    index,
+    recover,
+    reload,
+    restart,
+    served_config,
+    stubs,
+    unhealthy,
+    unload,
+    warm_up,
+)
 from .locate import ServerBinary, locate_tritonserver
 from .process import MODES, TritonServer
 
 __all__ = [
     "MODES",
+    "ImageInfo",
     "ServerBinary",
     "TritonServer",
     "index",
+    "inspect_image",
     "locate_tritonserver",
     "recover",
     "reload",
+    "require_image",
     "restart",
     "served_config",
     "stubs",
     "unhealthy",
     "unload",
+    "warm_up",
 ]

@@ -1,0 +1,49 @@
+"""The suite's notebook hook (../conftest.py) fails a notebook that shows stderr or an error."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+(ROOT / "test-artifacts").mkdir(exist_ok=True)
+
+
+def notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.notebook
+def test_a_notebook_that_writes_to_stderr_fails_and_a_clean_one_passes():
+    # Inside the checkout (test-artifacts/ is gitignored), so that ../conftest.py applies.
+    folder = Path(tempfile.mkdtemp(prefix="hygiene-", dir=ROOT / "test-artifacts"))
+    try:
+        notebook(folder / "noisy.ipynb", "print('fine')", "import sys; sys.stderr.write('red\\n')")
+        notebook(folder / "clean.ipynb", "print('fine')")
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(folder)
+    out = done.stdout + done.stderr
+    assert "1 failed, 1 passed" in out, out[-2000:]
+    assert "cell 1: stderr: red" in out, out[-2000:]
