@@ -32,8 +32,8 @@ from labkit import hardware, proc
 from labkit.errors import LabkitError, MissingDependencyError
 from labkit.profiling import locate_perf_analyzer
 from labkit.runner import check_kernel as kernel_python
-from labkit.server import ServerBinary, TritonServer, locate_tritonserver
-from labkit.settings import hub_endpoint, hub_offline, token_variable
+from labkit.server import ServerBinary, TritonServer, locate_tritonserver, require_image
+from labkit.settings import hub_endpoint, hub_offline, token_variable, triton_image
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +178,112 @@ def check_gpu() -> Check:
     )
 
 
+#: The CUDA builds of torch that PyTorch's own index serves, newest first
+#: (``https://download.pytorch.org/whl/cu<XY>``); scripts/install.sh tries the same ones.
+TORCH_CUDA_BUILDS = ("13.0", "12.8", "12.6")
+TORCH_INDEX_URL = "https://download.pytorch.org/whl/cu{tag}"
+#: Run in the lab's Python: what its torch is built for and whether it can use a GPU.
+_TORCH_PROBE = """
+import json
+found = {}
+try:
+    import torch
+    found.update(version=torch.__version__, cuda=torch.version.cuda)
+    found.update(available=torch.cuda.is_available(), count=torch.cuda.device_count())
+    if found["available"]:
+        found["device"] = torch.cuda.get_device_name(0)
+except Exception as exc:
+    found["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(found))
+"""
+
+
+def torch_cuda_build(driver_cuda: str | None) -> str | None:
+    """The newest of :data:`TORCH_CUDA_BUILDS` that a driver supporting ``driver_cuda`` runs."""
+
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in version.split("."))
+
+    if not driver_cuda:
+        return TORCH_CUDA_BUILDS[0]
+    fits = [b for b in TORCH_CUDA_BUILDS if key(b) <= key(driver_cuda)]
+    return fits[0] if fits else None
+
+
+def torch_install_fix(torch_version: str, driver_cuda: str | None) -> str:
+    """The exact command that puts a CUDA build of this torch release in the lab's Python."""
+    release = torch_version.split("+")[0]
+    build = torch_cuda_build(driver_cuda)
+    if build is None:
+        return (
+            f"update the NVIDIA driver: the driver supports CUDA {driver_cuda}, torch {release}'s "
+            f"CUDA builds need {TORCH_CUDA_BUILDS[-1]} or newer; then run make install"
+        )
+    tag = build.replace(".", "")
+    return (
+        f'{sys.executable} -m pip install "torch=={release}+cu{tag}" --index-url '
+        f"{TORCH_INDEX_URL.format(tag=tag)} (a CUDA {build} build; the driver supports CUDA "
+        f"{driver_cuda or 'unknown'})"
+    )
+
+
+def check_torch_gpu() -> Check:
+    """On a GPU host, the lab's torch must be a CUDA build that can use the GPU.
+
+    A CPU-only torch on a GPU host is the silent failure: every model then runs on the CPU and
+    nothing says so. The probe runs in a child of this Python (the one whose torch the local
+    server's stub imports), so a torch that crashes on CUDA init cannot take the doctor down.
+    """
+    try:
+        found = hardware.gpus()
+    except LabkitError:
+        return Check(
+            "torch gpu",
+            "warn",
+            "nvidia-smi failed (see the gpu check), so whether torch can use the GPU is unknown",
+            "fix the driver first, then run labkit doctor again",
+        )
+    if not found:
+        version = importlib.metadata.version("torch")
+        return passed("torch gpu", f"no NVIDIA GPU: torch {version} runs on the CPU")
+    gpu, cuda = f"{found[0].name} (GPU 0)", found[0].cuda
+    ran = proc.run([sys.executable, "-c", _TORCH_PROBE], timeout_s=180, check=False)
+    lines = ran.stdout.strip().splitlines()
+    probe = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if "version" not in probe:
+        reason = probe.get("error") or proc.tail(ran.stderr or "no output", 3)
+        return Check(
+            "torch gpu",
+            "fail",
+            f"this host has {gpu}, but torch does not import in {sys.executable}: {reason}",
+            "run make install",
+        )
+    version = probe["version"]
+    if probe["cuda"] is None:
+        return Check(
+            "torch gpu",
+            "fail",
+            f"torch {version} is a CPU-only build, but this host has {gpu}: every model would "
+            "run on the CPU",
+            torch_install_fix(version, cuda),
+        )
+    if not probe["available"]:
+        return Check(
+            "torch gpu",
+            "fail",
+            f"torch {version} (CUDA {probe['cuda']}) cannot use {gpu}; the driver "
+            f"{found[0].driver} supports CUDA {cuda or 'unknown'}",
+            torch_install_fix(version, cuda)
+            if cuda and torch_cuda_build(cuda) != probe["cuda"]
+            else "check that the NVIDIA driver is loaded (nvidia-smi) and that CUDA_VISIBLE_DEVICES "
+            "does not hide the GPU",
+        )
+    return passed(
+        "torch gpu",
+        f"torch {version} (CUDA {probe['cuda']}) uses {probe['count']} GPU(s): {probe['device']}",
+    )
+
+
 def check_neuron() -> Check:
     """The AWS Neuron devices, from :func:`labkit.hardware.detect_neuron`."""
     found = hardware.detect_neuron()
@@ -203,6 +309,68 @@ def check_docker() -> Check:
             "start the engine (or use the local mode, which needs no Docker)",
         )
     return passed("docker", f"docker engine {out.stdout.strip()} reachable")
+
+
+NVIDIA_TOOLKIT_FIX = (
+    "install the NVIDIA Container Toolkit: sudo apt-get install -y nvidia-container-toolkit && "
+    "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
+)
+
+
+def _docker_engine() -> bool:
+    """Whether a docker client is here and its engine answers."""
+    if not shutil.which("docker"):
+        return False
+    try:
+        proc.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout_s=15)
+    except LabkitError:
+        return False
+    return True
+
+
+def check_docker_gpu() -> Check:
+    """``docker run --gpus all`` (the docker mode) needs the NVIDIA container runtime."""
+    if not _docker_engine():
+        return passed("docker gpu", "not checked: no docker engine here (see the docker check)")
+    out = proc.run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout_s=15).stdout
+    try:
+        runtimes = sorted(json.loads(out or "{}"))
+    except json.JSONDecodeError:
+        runtimes = []
+    hook = shutil.which("nvidia-container-runtime-hook") or shutil.which("nvidia-ctk")
+    if "nvidia" in runtimes or hook:
+        where = "the nvidia runtime" if "nvidia" in runtimes else hook
+        return passed("docker gpu", f"NVIDIA container support: {where}; --gpus all works")
+    try:
+        gpu_host = bool(hardware.gpus())
+    except LabkitError:
+        gpu_host = True  # nvidia-smi exists but fails: a GPU host with a driver problem
+    if not gpu_host:
+        return passed("docker gpu", "no NVIDIA GPU: the docker mode's --gpus all is not usable")
+    return Check(
+        "docker gpu",
+        "warn",
+        f"this host has an NVIDIA GPU but Docker has no NVIDIA runtime (runtimes: "
+        f"{', '.join(runtimes) or 'none'}): the docker mode's --gpus all fails",
+        NVIDIA_TOOLKIT_FIX,
+    )
+
+
+def check_triton_image() -> Check:
+    """The docker mode's image exists and imports transformers (``labkit image build``)."""
+    image = triton_image()
+    if not _docker_engine():
+        return passed("docker image", f"not checked: no docker engine here ({image})")
+    try:
+        info = require_image(image)
+    except LabkitError as exc:
+        return Check("docker image", "warn", str(exc).split(";")[0], "labkit image build")
+    cuda = f"CUDA {info.torch_cuda}" if info.torch_cuda else "a CPU-only build"
+    return passed(
+        "docker image",
+        f"{image}: torch {info.torch} ({cuda}), transformers {info.transformers}, "
+        f"numpy {info.numpy}",
+    )
 
 
 def check_token() -> Check:
@@ -468,8 +636,11 @@ CHECKS: list[Callable[[], Check]] = [
     check_public_servers,
     check_shm,
     check_gpu,
+    check_torch_gpu,
     check_neuron,
     check_docker,
+    check_docker_gpu,
+    check_triton_image,
     check_token,
     check_hub,
 ]

@@ -11,7 +11,7 @@ variable                   what it sets                                         
 ``LABKIT_TRITONSERVER``    a ``tritonserver`` executable to use                         found
 ``LABKIT_PERF_ANALYZER``   a ``perf_analyzer`` executable to use                        found
 ``LABKIT_SERVER_MODE``     ``local``, ``docker`` or ``remote``                          ``local``
-``LABKIT_TRITON_IMAGE``    the image of the docker mode                                 NGC 24.10
+``LABKIT_TRITON_IMAGE``    the docker mode's image (``labkit image build`` builds it)   ``triton_transformer_server:26.06``
 ``LABKIT_STARTUP_TIMEOUT_S`` the bound on a server start, seconds                       300
 ``HF_HOME``                the Hugging Face cache                                       ``~/.cache/huggingface``
 ``HF_TOKEN`` (and the two  the hub token, by name only; never shown                     unset
@@ -43,7 +43,12 @@ def setting(explicit, env_name: str, default=None):
     return default
 
 
-DEFAULT_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+#: The NGC release the lab's image (docker/Dockerfile) is built FROM: the newest one the upstream
+#: tutorial uses. 26.06 is Triton server 2.70.0 on Python 3.12 (the local mode bundles 2.51.0).
+TRITON_RELEASE = "26.06"
+NGC_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-py3"
+#: The lab's image: the tutorial's tag, with the release it is built from.
+DEFAULT_IMAGE = f"triton_transformer_server:{TRITON_RELEASE}"
 DEFAULT_HUB = "https://huggingface.co"
 
 
@@ -115,7 +120,7 @@ def server_mode(explicit: str | None, default: str) -> str:
 
 
 def triton_image(explicit: str | None = None) -> str:
-    """The docker mode's image: argument > ``LABKIT_TRITON_IMAGE`` > the NGC release."""
+    """The docker mode's image: argument > ``LABKIT_TRITON_IMAGE`` > the lab's built image."""
     return setting(explicit, "LABKIT_TRITON_IMAGE", DEFAULT_IMAGE)
 
 

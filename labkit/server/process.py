@@ -5,7 +5,8 @@ Three modes share one interface:
 - ``local``: a ``tritonserver`` process on this machine (an explicit path, ``LABKIT_TRITONSERVER``,
   ``tritonserver`` on ``PATH``, ``/opt/tritonserver/bin/tritonserver``, or the binary inside the
   ``nvidia-pytriton`` wheel, which needs its Python-backend stub and libraries arranged first);
-- ``docker``: the tutorial's ``docker run`` of an NGC image, tokens passed by name only;
+- ``docker``: the tutorial's ``docker run`` of the lab's image (``labkit image build``, checked
+  before each start by :func:`~labkit.server.image.require_image`), tokens passed by name only;
 - ``remote``: attach to a server that runs elsewhere; start and stop never touch it.
 """
 
@@ -31,6 +32,7 @@ from tritonclient.utils import InferenceServerException
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
 from labkit.proc import check_port_free, free_port, kill_group, tail
 from labkit.repository.config import check_name
+from labkit.server.image import require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
 from labkit.settings import (
     TOKEN_VARIABLES,
@@ -99,7 +101,8 @@ class TritonServer:
         self._binary: ServerBinary | None = None
         self._process: subprocess.Popen | None = None
         self._shm_regions: set[str] = set()  # the stubs' shared memory, removed by stop()
-        self._container: str | None = None
+        self._container: str | None = None  # the container running now, for docker stop
+        self.container_name = _new_container_name()  # the next docker start's --name
         self._log_file = None
         self._pump: threading.Thread | None = None
         self.log_path = Path(log_path) if log_path else None
@@ -173,7 +176,12 @@ class TritonServer:
         return args
 
     def docker_command(self, name: str | None = None) -> list[str]:
-        """The tutorial's ``docker run``; tokens go in as ``-e NAME`` so no value is on the line."""
+        """The tutorial's ``docker run``; tokens go in as ``-e NAME`` so no value is on the line.
+
+        Without ``name`` it is exactly the command :meth:`start` runs (or ran, once started):
+        same container name (:attr:`container_name`), ports, mounts and image.
+        """
+        name = name or self.container_name
         cmd = [
             "docker",
             "run",
@@ -224,8 +232,9 @@ class TritonServer:
             cmd = self.local_command()
             env = {**os.environ, **self.binary.env, **self.extra_env}
         else:
-            self._container = f"labkit-{uuid.uuid4().hex[:10]}"
-            cmd = self.docker_command(self._container)
+            require_image(self.image)  # missing, or without transformers: say how to build it
+            self._container = self.container_name
+            cmd = self.docker_command()
             env = {**os.environ, **self.extra_env}
         self.command = cmd
         log.info("starting %s", redact(" ".join(cmd)))
@@ -356,6 +365,7 @@ class TritonServer:
                 check=False,
             )
             self._container = None
+            self.container_name = _new_container_name()  # --rm may still be removing this one
         regions = sorted(self._shm_regions.union(_shm_regions(process.pid)))
         self._shm_regions = set()
         if process.poll() is None:
@@ -429,6 +439,10 @@ class TritonServer:
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
         return self.client().get_model_repository_index()
+
+
+def _new_container_name() -> str:
+    return f"labkit-{uuid.uuid4().hex[:10]}"
 
 
 def _http_ok(url: str) -> bool:

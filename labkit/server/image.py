@@ -1,0 +1,223 @@
+"""The docker mode's image: build the lab's image from ``docker/Dockerfile``, and check an image.
+
+The tutorial's step 2 is ``docker build -t triton_transformer_server .`` from a Dockerfile that
+adds ``transformers`` to an NGC ``tritonserver`` image; the plain NGC image has none, so every
+text model fails to load in it. ``docker/Dockerfile`` is that image for the lab (NGC
+:data:`~labkit.settings.TRITON_RELEASE`, plus what the lab's ``model.py`` files import, pinned in
+``docker/requirements.txt``).
+
+- :func:`build_command` is the ``docker build`` that ``labkit image build`` shows and runs
+  (:func:`build`); ``day_zero=`` builds the tutorial's "Day Zero" variant, transformers from
+  source at a git ref;
+- :func:`inspect_image` asks Docker whether an image exists and what its Python imports
+  (``docker image inspect``, then a one-line ``docker run ... python3 -c``);
+- :func:`require_image` is what the docker mode calls before it starts a container: it raises
+  with the command that builds the image when the image is missing or has no transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from labkit import proc
+from labkit.errors import MissingDependencyError, MissingFileError, ToolError
+from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE, project_root
+
+log = logging.getLogger(__name__)
+
+#: ``docker build``'s context: the Dockerfile and the requirements it copies, nothing else.
+DOCKER_DIR = project_root() / "docker"
+DAY_ZERO_ARG = "TRANSFORMERS_REF"
+
+#: Run inside the image: what the lab's model code imports, as one JSON line.
+_PROBE = """
+import json, sys
+found = {"python": sys.version.split()[0]}
+for name in ("numpy", "torch", "transformers"):
+    try:
+        found[name] = __import__(name).__version__
+    except Exception as exc:
+        found[name] = None
+        found[name + "_error"] = f"{type(exc).__name__}: {exc}"
+if found["torch"]:
+    import torch
+    found["torch_cuda"] = torch.version.cuda
+print("labkit-probe " + json.dumps(found))
+"""
+_PROBE_MARK = "labkit-probe "
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What :func:`inspect_image` found in an image."""
+
+    image: str
+    id: str
+    python: str | None = None
+    numpy: str | None = None
+    torch: str | None = None
+    torch_cuda: str | None = None  # None: a CPU-only torch build
+    transformers: str | None = None
+    problem: str = ""  # why a package would not import, if one would not
+
+
+def build_command(
+    tag: str | None = None,
+    *,
+    release: str | None = None,
+    day_zero: str | None = None,
+    torch_index_url: str | None = None,
+    docker_dir: str | os.PathLike | None = None,
+) -> list[str]:
+    """The ``docker build`` of the lab's image.
+
+    ``tag`` defaults to the docker mode's default image, ``triton_transformer_server:<release>``;
+    ``release`` is the NGC release to build FROM (default :data:`~labkit.settings.TRITON_RELEASE`);
+    ``day_zero`` a transformers git ref (``main``, a tag or a commit) to build from source;
+    ``torch_index_url`` the pip index of the torch CUDA build to install.
+    """
+    folder = Path(docker_dir) if docker_dir else DOCKER_DIR
+    if not (folder / "Dockerfile").is_file():
+        raise MissingFileError(
+            f"no Dockerfile in {str(folder)!r}; run labkit image build from a checkout of "
+            "triton-labkit (its docker/ folder holds the lab's Dockerfile)"
+        )
+    release = release or TRITON_RELEASE
+    if tag is None:
+        tag = DEFAULT_IMAGE if release == TRITON_RELEASE else f"triton_transformer_server:{release}"
+    folder = _shown(folder)
+    cmd = ["docker", "build", "-t", tag, "-f", str(folder / "Dockerfile")]
+    if release != TRITON_RELEASE:
+        cmd += ["--build-arg", f"TRITON_RELEASE={release}"]
+    if day_zero:
+        cmd += ["--build-arg", f"{DAY_ZERO_ARG}={day_zero}"]
+    if torch_index_url:
+        cmd += ["--build-arg", f"TORCH_INDEX_URL={torch_index_url}"]
+    return [*cmd, str(folder)]
+
+
+def _shown(folder: Path) -> Path:
+    """``folder`` relative to the current folder when it is inside it (``docker``), else as is."""
+    try:
+        return folder.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return folder
+
+
+def build(command: list[str], *, timeout_s: float = 3600.0) -> None:
+    """Run a :func:`build_command`; its output goes to this process's terminal, as it comes.
+
+    A build pulls a multi-GB base image and installs torch: minutes, not seconds. Raises
+    :class:`ToolError` naming the command when the build fails.
+    """
+    _require_docker_client()
+    log.info("running %s", shlex.join(command))
+    try:
+        done = subprocess.run(command, check=False, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"docker build ran past {timeout_s:g} s: {shlex.join(command)}") from None
+    if done.returncode != 0:
+        raise ToolError(
+            f"docker build exited with status {done.returncode} (its output is above): "
+            f"{shlex.join(command)}"
+        )
+
+
+def inspect_image(image: str, *, timeout_s: float = 180.0) -> ImageInfo | None:
+    """What ``image`` holds, or None when Docker has no such image here (nothing is pulled)."""
+    _require_docker_client()
+    found = proc.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout_s=60, check=False
+    )
+    if found.returncode != 0:
+        message = (found.stderr or found.stdout).strip()
+        if "no such image" in message.lower():
+            return None
+        raise ToolError(
+            f"docker image inspect {image} failed: {message or 'no output'}; start the Docker "
+            "engine (or use the local mode, which needs no Docker)"
+        )
+    image_id = found.stdout.strip()
+    if image_id in _CHECKED:
+        return _CHECKED[image_id]
+    ran = proc.run(
+        ["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", _PROBE],
+        timeout_s=timeout_s,
+        check=False,
+    )
+    line = next((ln for ln in ran.stdout.splitlines() if ln.startswith(_PROBE_MARK)), None)
+    if line is None:
+        reason = proc.tail((ran.stderr or ran.stdout).strip(), 5) or f"status {ran.returncode}"
+        info = ImageInfo(image, image_id, problem=f"python3 did not run in the image: {reason}")
+    else:
+        values = json.loads(line.removeprefix(_PROBE_MARK))
+        problems = [values[k] for k in sorted(values) if k.endswith("_error")]
+        info = ImageInfo(
+            image,
+            image_id,
+            python=values.get("python"),
+            numpy=values.get("numpy"),
+            torch=values.get("torch"),
+            torch_cuda=values.get("torch_cuda"),
+            transformers=values.get("transformers"),
+            problem="; ".join(problems),
+        )
+    _CHECKED[image_id] = info
+    return info
+
+
+_CHECKED: dict[str, ImageInfo] = {}
+
+
+def require_image(image: str) -> ImageInfo:
+    """Check that ``image`` exists here and imports transformers and torch; else say how to fix.
+
+    The docker mode calls this before ``docker run``, so a missing or plain NGC image is an
+    error that names the build command, not a server whose every text model fails to load.
+    """
+    info = inspect_image(image)
+    try:
+        shown = f" (runs: {shlex.join(build_command())})"
+    except MissingFileError:  # installed without the checkout's docker/ folder
+        shown = ""
+    fix = f"build the lab's image with `labkit image build`{shown}"
+    if image != DEFAULT_IMAGE:
+        fix += f" and use it: {DEFAULT_IMAGE} is the docker mode's default when neither image= nor LABKIT_TRITON_IMAGE names another"
+    if info is None:
+        pull = (
+            "" if image == DEFAULT_IMAGE else f"`docker pull {image}` if it is a remote image, or "
+        )
+        raise MissingDependencyError(
+            f"the docker mode's image {image!r} is not on this host; {pull}{fix}"
+        )
+    if not info.transformers or not info.torch:
+        missing = " and ".join(n for n in ("transformers", "torch") if not getattr(info, n))
+        raise MissingDependencyError(
+            f"image {image!r} has no {missing} ({info.problem or 'not installed'}), so the "
+            f"lab's text models cannot load in it (the plain NGC tritonserver image has "
+            f"neither); {fix}"
+        )
+    if info.torch_cuda is None:
+        log.warning(
+            "torch %s in image %s is a CPU-only build: models run on the CPU", info.torch, image
+        )
+    if info.numpy and int(info.numpy.split(".")[0]) >= 2:
+        log.warning(
+            "image %s has numpy %s; the lab's model code is tested with numpy<2", image, info.numpy
+        )
+    return info
+
+
+def _require_docker_client() -> None:
+    if not shutil.which("docker"):
+        raise MissingDependencyError(
+            "the docker command is not installed here; install Docker with the NVIDIA Container "
+            "Toolkit (a GPU host), or use the local mode (server_mode='local'), which needs none"
+        )

