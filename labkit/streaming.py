@@ -84,6 +84,17 @@ def _sse_error(body: str) -> str:
         return body.strip()
 
 
+def _check_complete(response, url: str, model: str) -> None:
+    """Tell a finished stream from a cut-off one: ``readline()`` answers ``b''`` for both, since
+    http.client swallows the ``IncompleteRead`` of a chunked body whose server went away. After
+    the closing zero-size chunk ``chunk_left`` is None; a body cut off keeps a number there."""
+    if getattr(response, "chunked", False) and response.chunk_left is not None:
+        raise InferenceError(
+            f"the stream from model {model!r} at {url!r} ended before its last response; "
+            "is the server still running?"
+        )
+
+
 def _http_responses(
     url: str, model: str, prompt: str, timeout_s: float, params: dict[str, Any]
 ) -> Iterator[Response]:
@@ -115,6 +126,7 @@ def _http_responses(
                 continue
             if text or not data:  # a comment or other field, or a blank line between events
                 if not line:
+                    _check_complete(response, url, model)
                     return
                 continue
             event = json.loads("\n".join(data))

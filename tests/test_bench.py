@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_profiling import write_sleepy_model
 
+from conftest import write_sleepy_model
 from labkit import bench, cli
 from labkit.errors import ConfigError
 from labkit.repository import Repository

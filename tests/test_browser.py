@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
+
+from labkit.proc import free_port
 
 playwright = pytest.importorskip("playwright.sync_api")  # the test extra: pip install playwright
 
@@ -43,12 +44,6 @@ CHROMIUM_ARGS = [
 ]
 NOTEBOOK_RUN_S = 240  # kernel start, server start, the notebook's own requests, on 2 busy cores
 PROMPT = "Where is the nearest"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def notebook_copy(folder: Path) -> Path:

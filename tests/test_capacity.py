@@ -9,7 +9,7 @@ import shutil
 import psutil
 import pytest
 
-from labkit import capacity, hardware, repository
+from labkit import capacity, embedding, hardware, repository
 from labkit.errors import ConfigError
 from labkit.hardware import GIB, Memory
 
@@ -22,8 +22,13 @@ def smollm2_folder():
     return repository.build_weights("smollm2")  # cached after the first build (about 20 s)
 
 
-def small_host(available_gib: float, total_gib: float = 16.0) -> Memory:
-    return Memory("cpu", int(total_gib * GIB), int(available_gib * GIB), "a small test host")
+def beyond_this_host(tmp_path, catalog_name: str) -> str:
+    """A folder of ``catalog_name`` with enough instances that its float32 weights alone exceed
+    this host's total memory: certain not to fit, whatever is free when the plan reads it."""
+    weights = repository.CATALOG[catalog_name].parameters_b * 1e9 * 4
+    instances = int(psutil.virtual_memory().total // weights) + 1
+    repository.add_model(tmp_path, catalog_name, instance_count=instances)
+    return catalog_name
 
 
 def test_smollm2_estimate_is_its_real_parameter_count_times_four_bytes(smollm2_folder):
@@ -59,8 +64,6 @@ def test_gpu_estimate_loads_text_generators_in_float16(smollm2_folder):
 
 def test_embedding_model_is_counted_from_its_package_files():
     from transformers import AutoModel
-
-    from labkit import embedding
 
     est = capacity.estimate("minilm", device="gpu")
     model = AutoModel.from_pretrained(embedding.model_folder())
@@ -108,8 +111,8 @@ def test_an_unknown_model_is_named():
         capacity.estimate("no-such-model")
 
 
-def test_everything_fits_on_a_large_host():
-    plan = capacity.plan(["smollm2", "tiny-falcon", "minilm"], memory=small_host(64))
+def test_small_models_fit_on_the_host_as_read():
+    plan = capacity.plan(["smollm2", "tiny-falcon", "minilm"], device="cpu")
     assert plan.models == ["smollm2", "tiny-falcon", "minilm"]
     assert list(plan.table["decision"]) == ["fits"] * 3
     assert plan.of_kind(capacity.TEXTGEN) == ["smollm2", "tiny-falcon"]
@@ -117,84 +120,108 @@ def test_everything_fits_on_a_large_host():
     assert plan.messages == []
 
 
-def test_a_model_that_does_not_fit_is_replaced_by_the_fallback_with_a_warning(caplog):
+def test_a_model_that_does_not_fit_is_replaced_by_the_fallback_with_a_warning(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="labkit.capacity")
-    plan = capacity.plan(["falcon7b", "smollm2"], device="cpu", memory=small_host(4))
+    big = beyond_this_host(tmp_path, "falcon7b")
+    plan = capacity.plan([big, "smollm2"], device="cpu", repository=tmp_path)
     assert plan.models == ["opt125m", "smollm2"]
-    est = capacity.estimate("falcon7b", device="cpu")
+    est = capacity.estimate(big, device="cpu", repository=tmp_path)
     [message] = plan.messages
-    for part in ("falcon7b", f"~{est.needed_bytes / GIB:.2f} GiB", "4.00 GiB is left", "opt125m"):
+    host = plan.memory  # the one reading the plan made of this host
+    left = f"{host.available_bytes / GIB:.2f} GiB is left"
+    for part in (big, f"~{est.needed_bytes / GIB:.2f} GiB", left, "opt125m", str(host)):
         assert part in message
-    assert "4.0 GiB free of 16.0 GiB (a small test host)" in message
+    assert host.total_bytes == psutil.virtual_memory().total
     assert message in caplog.text
     table = plan.table
-    assert table.loc["falcon7b", "decision"] == "replaced by opt125m"
+    assert table.loc[big, "decision"] == "replaced by opt125m"
     assert table.loc["opt125m", "serve as"] == "opt125m"
 
 
-def test_a_model_that_does_not_fit_is_refused_without_a_fallback(caplog):
+def test_a_model_that_does_not_fit_is_refused_without_a_fallback(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="labkit.capacity")
-    plan = capacity.plan(["persimmon8b", "minilm"], memory=small_host(4), fallback=None)
+    big = beyond_this_host(tmp_path, "persimmon8b")
+    embedding.add_embedding_model(tmp_path, "minilm")
+    plan = capacity.plan([big, "minilm"], device="cpu", repository=tmp_path, fallback=None)
     assert plan.models == ["minilm"]
-    assert plan.table.loc["persimmon8b", "decision"] == "refused"
+    assert plan.table.loc[big, "decision"] == "refused"
     assert "persimmon8b needs ~" in caplog.text and "not loading it" in caplog.text
 
 
-def test_models_fill_memory_in_order_and_the_fallback_is_used_once():
-    sizes = {m: capacity.estimate(m, device="cpu").needed_bytes for m in ("smollm2", "opt125m")}
-    room = sizes["smollm2"] + sizes["opt125m"] + GIB // 10
-    plan = capacity.plan(
-        ["smollm2", "falcon7b", "persimmon8b"], memory=Memory("cpu", 2 * room, room, "tight")
+def test_models_fill_memory_in_order_and_the_fallback_is_used_once(tmp_path):
+    falcon, persimmon = (
+        beyond_this_host(tmp_path, "falcon7b"),
+        beyond_this_host(tmp_path, "persimmon8b"),
     )
+    plan = capacity.plan(["smollm2", falcon, persimmon], device="cpu", repository=tmp_path)
     assert plan.models == ["smollm2", "opt125m"]
-    assert list(plan.table["decision"]) == [
+    table = plan.table
+    assert list(table["decision"]) == [
         "fits",
         "replaced by opt125m",
         "fallback for falcon7b",
         "refused",
     ]
     assert "opt125m is already planned" in plan.messages[-1]
+    # what each model found free: the host as read, less what the models before it took
+    free = plan.memory.available_bytes
+    smollm2 = capacity.estimate("smollm2", device="cpu", repository=tmp_path).needed_bytes
+    opt = capacity.estimate("opt125m", device="cpu", repository=tmp_path).needed_bytes
+    after = [free, free - smollm2, free - smollm2, free - smollm2 - opt]
+    assert list(table["free before (GiB)"]) == [round(b / GIB, 2) for b in after]
 
 
-def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host():
-    with pytest.raises(ConfigError, match=r"persimmon8b needs ~4\d\.\d\d GiB.*4\.0 GiB free of 16"):
-        capacity.plan(["persimmon8b"], device="cpu", memory=small_host(4), strict=True)
+def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host(tmp_path):
+    big = beyond_this_host(tmp_path, "persimmon8b")
+    total = psutil.virtual_memory().total / GIB
+    with pytest.raises(
+        ConfigError, match=rf"persimmon8b needs ~\d+\.\d\d GiB.*free of {total:.1f} GiB"
+    ):
+        capacity.plan([big], device="cpu", repository=tmp_path, strict=True)
 
 
-def test_a_cpu_only_model_on_a_gpu_host_is_charged_to_host_memory():
-    gpu = Memory("gpu", 80 * GIB, 2 * GIB, "GPU 0: a small test GPU")
+def test_a_cpu_only_model_on_a_fake_gpu_is_charged_to_host_memory(monkeypatch):
+    # Fake: no GPU here, so the GPU's memory is given; the host's is read as the plan reads it.
+    readings = []
+
+    def host_memory_as_read():
+        readings.append(hardware.host_memory())
+        return readings[-1]
+
+    monkeypatch.setattr(capacity, "host_memory", host_memory_as_read)
+    gpu = Memory("gpu", 80 * GIB, 2 * GIB, "GPU 0: a fake test GPU")
     plan = capacity.plan(["minilm", "smollm2"], memory=gpu)  # minilm's config says KIND_CPU
     table = plan.table
     assert table.loc["minilm", "device"] == "cpu" and table.loc["smollm2", "device"] == "gpu"
     assert table.loc["smollm2", "dtype"] == "float16"
-    assert table.loc["minilm", "free before (GiB)"] == pytest.approx(
-        hardware.host_memory().available_bytes / GIB, abs=0.5
-    )
+    [host] = readings
+    assert table.loc["minilm", "free before (GiB)"] == round(host.available_bytes / GIB, 2)
     assert table.loc["smollm2", "free before (GiB)"] == 2.0
     assert plan.models == ["minilm", "smollm2"]
 
 
 def test_a_model_listed_twice_or_a_string_is_an_error():
     with pytest.raises(ConfigError, match="listed twice"):
-        capacity.plan(["minilm", "minilm"], memory=small_host(64))
+        capacity.plan(["minilm", "minilm"], device="cpu")
     with pytest.raises(ConfigError, match="one string"):
-        capacity.plan("minilm", memory=small_host(64))
-    empty = capacity.plan([], memory=small_host(64))
+        capacity.plan("minilm", device="cpu")
+    empty = capacity.plan([], device="cpu")
     assert empty.models == [] and empty.table.empty
 
 
-def test_the_real_host_is_measured_with_psutil():
+def test_the_real_host_is_measured_with_psutil_and_planned_against():
     host = hardware.host_memory()
     assert host.device == "cpu" and host.total_bytes == psutil.virtual_memory().total
     assert 0 < host.available_bytes <= host.total_bytes
-    plan = capacity.plan(["persimmon8b"], device="cpu")
-    fits = (
-        capacity.estimate("persimmon8b", device="cpu").needed_bytes <= plan.memory.available_bytes
-    )
-    assert plan.models == (["persimmon8b"] if fits else ["opt125m"])
+    plan = capacity.plan(["tiny-falcon"], device="cpu")
+    assert (plan.memory.device, plan.memory.total_bytes) == ("cpu", host.total_bytes)
+    free = plan.memory.available_bytes
+    assert plan.table.loc["tiny-falcon", "free before (GiB)"] == round(free / GIB, 2)
+    assert plan.models == ["tiny-falcon"]  # ~0.5 GiB: fits on any host that runs these tests
 
 
-def test_nvidia_smi_output_is_parsed():
+def test_nvidia_smi_output_is_parsed_from_a_fake_two_gpu_listing():
+    # Fake: no GPU here; two lines in nvidia-smi's query format stand in for a two-GPU host.
     text = "0, NVIDIA H200, 143771, 143000\n1, NVIDIA H200, 143771, 100000\n"
     gpus = hardware.parse_nvidia_smi(text)
     assert [g.description for g in gpus] == ["GPU 0: NVIDIA H200", "GPU 1: NVIDIA H200"]
@@ -214,18 +241,19 @@ def test_without_a_gpu_auto_means_cpu_and_gpu_is_refused():
 
 
 @pytest.mark.gpu
-def test_gpu_memory_is_read_from_nvidia_smi():
+def test_gpu_memory_is_read_from_nvidia_smi(tmp_path):
     gpus = hardware.gpu_memory()
     if not gpus:
         pytest.skip("no NVIDIA GPU here")
     memory = hardware.device_memory("auto")
     assert memory.device == "gpu" and memory.total_bytes > 1 * GIB
-    assert memory.available_bytes == min(g.available_bytes for g in gpus)
-    plan = capacity.plan(["falcon7b", "persimmon8b"], device="gpu")
-    needed = sum(
-        capacity.estimate(m, device="gpu").needed_bytes for m in ("falcon7b", "persimmon8b")
-    )
-    assert plan.models == ["falcon7b", "persimmon8b"] or needed > memory.available_bytes
+    assert memory.description in {g.description for g in gpus}  # the GPU with the least free
+    # float16 weights alone beyond the GPU's total memory: certain not to fit
+    instances = int(memory.total_bytes // (6.92e9 * 2)) + 1
+    repository.add_model(tmp_path, "falcon7b", instance_count=instances)
+    plan = capacity.plan(["tiny-falcon", "falcon7b"], device="gpu", repository=tmp_path)
+    assert plan.memory.device == "gpu"
+    assert plan.models == ["tiny-falcon", "opt125m"]
     assert math.isclose(plan.table.loc["falcon7b", "weights (GiB)"], 6.92e9 * 2 / GIB, rel_tol=1e-3)
 
 

@@ -16,7 +16,7 @@ import pytest
 from labkit import doctor
 from labkit.cli import main
 from labkit.proc import free_port
-from labkit.server import ServerBinary, TritonServer, locate_tritonserver
+from labkit.server import ServerBinary, locate_tritonserver
 
 
 @pytest.mark.integration
@@ -43,7 +43,8 @@ def test_the_table_and_frame_carry_every_check():
     assert doctor.exit_code(checks) == 1 and doctor.exit_code(checks[:1]) == 0
 
 
-def test_a_crashing_check_is_reported_as_a_fail(monkeypatch):
+def test_a_crashing_check_is_reported_as_a_fail_with_a_fake_check(monkeypatch):
+    # Fake: no shipped check crashes on purpose, so a check that raises is put in their list.
     def check_broken():
         raise RuntimeError("boom")
 
@@ -108,23 +109,20 @@ def test_a_taken_port_is_a_warning_naming_it_and_its_holder():
 
 
 @pytest.mark.integration
-def test_a_triton_bound_to_all_interfaces_is_a_warning(tmp_path):
+def test_a_triton_bound_to_all_interfaces_is_a_warning(tmp_path, start_server):
     empty = tmp_path / "repository"
     empty.mkdir()
     port = free_port()
-    with TritonServer(
-        empty,
-        host="0.0.0.0",
-        http_port=port,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=60,
-        log_path=tmp_path / "log",
-    ) as server:
-        check = doctor.check_public_servers()
-        assert check.status == "warn"
-        assert f"pid {server.pid}" in check.detail and str(port) in check.detail
-    assert f"pid {server.pid}" not in doctor.check_public_servers().detail
+    server = start_server(empty, host="0.0.0.0", http_port=port)
+    pid = server.pid
+    listed = f"pid {pid} on 0.0.0.0 ports "
+    check = doctor.check_public_servers()
+    assert check.status == "warn"
+    assert listed in check.detail and str(port) in check.detail.split(listed, 1)[1]
+    server.stop()
+    # read while the pid was still known: a stopped server is no longer listed (other public
+    # servers on this machine may be, so only this one's entry is checked)
+    assert listed not in doctor.check_public_servers().detail
 
 
 def test_small_or_missing_shared_memory_is_flagged(tmp_path):
@@ -136,7 +134,9 @@ def test_small_or_missing_shared_memory_is_flagged(tmp_path):
     assert doctor.check_shm(tmp_path / "no-shm").status == "fail"
 
 
-def test_no_gpu_neuron_or_docker_tools_on_path_is_ok_cpu_mode(tmp_path, monkeypatch):
+def test_no_gpu_neuron_or_docker_tools_is_ok_cpu_mode_with_a_fake_empty_path(tmp_path, monkeypatch):
+    # Fake: this host has a docker client (a GPU host has nvidia-smi too); an empty PATH is a
+    # host without them.
     monkeypatch.setenv("PATH", str(tmp_path))
     assert doctor.check_gpu() == doctor.Check(
         "gpu", "ok", "no NVIDIA GPU (nvidia-smi not found): the lab runs on CPU"
@@ -214,7 +214,8 @@ class _Hub(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_hub_check_reports_reachable_unreachable_and_offline(monkeypatch):
+def test_the_hub_check_reports_reachable_unreachable_and_offline_with_a_fake_hub(monkeypatch):
+    # Fake: no hub is reachable from here; a local HTTP server answers in its place.
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     hub = http.server.HTTPServer(("127.0.0.1", 0), _Hub)
     thread = threading.Thread(target=hub.serve_forever, daemon=True)
@@ -240,3 +241,113 @@ def test_require_no_failures_names_each_failed_check_and_its_fix():
         doctor.MissingDependencyError, match=r"numpy: numpy 2\.1\.0.*fix: pip install"
     ):
         doctor.require_no_failures([doctor.check_numpy("2.1.0")])
+
+
+# -- the GPU host: the lab's torch, Docker's NVIDIA runtime and the lab's image (issue 14) --------
+def _gpu_host(folder: Path, monkeypatch, cuda: str = "13.0") -> None:
+    """A fake nvidia-smi first on PATH: one H200 whose driver supports CUDA ``cuda``."""
+    tool = folder / "nvidia-smi"
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)";;\n'
+        '  --query-gpu=index,name,memory.total,driver_version) echo "0, NVIDIA H200, 143771, 580.65";;\n'
+        '  --query-gpu=*) echo "0, NVIDIA H200, 143771, 143000";;\n'
+        f'  *) echo "| NVIDIA-SMI 580.65   Driver Version: 580.65   CUDA Version: {cuda} |";;\n'
+        "esac\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_a_cpu_only_torch_on_a_gpu_host_is_a_fail_with_its_fix_with_a_fake_nvidia_smi(
+    tmp_path, monkeypatch
+):
+    """No GPU here, and this machine's torch is the CPU build: on a GPU host that is the failure."""
+    import importlib.metadata
+    import sys
+
+    _gpu_host(tmp_path, monkeypatch, cuda="13.0")
+    check = doctor.check_torch_gpu()
+    version = importlib.metadata.version("torch")
+    assert check.status == "fail"
+    assert f"torch {version} is a CPU-only build, but this host has NVIDIA H200" in check.detail
+    release = version.split("+")[0]
+    assert check.fix.startswith(
+        f'{sys.executable} -m pip install "torch=={release}+cu130" --index-url '
+        "https://download.pytorch.org/whl/cu130"
+    )
+    checks = {c.name: c for c in doctor.run_checks(server=False)}
+    assert checks["torch gpu"] == check
+    assert checks["gpu"].detail == (
+        "GPU 0: NVIDIA H200, 143771 MiB, driver 580.65, CUDA 13.0"
+    )  # driver, CUDA and memory
+    assert doctor.exit_code(checks.values()) == 1
+
+
+def test_the_torch_fix_names_the_newest_cuda_build_the_driver_runs():
+    assert doctor.torch_cuda_build("12.9") == "12.8"
+    assert doctor.torch_cuda_build("13.2") == "13.0"
+    assert "cu128" in doctor.torch_install_fix("2.13.0+cpu", "12.9")
+    old = doctor.torch_install_fix("2.13.0+cpu", "12.2")
+    assert old.startswith("update the NVIDIA driver") and "12.6 or newer" in old
+
+
+def test_torch_on_a_host_without_gpu_is_ok_with_a_fake_empty_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    check = doctor.check_torch_gpu()
+    assert check.status == "ok" and "no NVIDIA GPU" in check.detail
+
+
+def _fake_docker(folder: Path, monkeypatch, runtimes: str, image: bool) -> None:
+    """A docker client whose engine answers (none runs here), with these runtimes and image."""
+    tool = folder / "docker"
+    inspect = 'echo "sha256:1234"' if image else 'echo "Error: No such image: $5" >&2; exit 1'
+    tool.write_text(
+        "#!/bin/sh\n"
+        'case "$1 $2" in\n'
+        '  "version --format") echo "27.3.1";;\n'
+        f"  \"info --format\") echo '{runtimes}';;\n"
+        f'  "image inspect") {inspect};;\n'
+        "  *) exit 1;;\n"
+        "esac\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr("labkit.server.image._CHECKED", {})
+
+
+def test_docker_without_the_nvidia_runtime_on_a_gpu_host_is_a_warning_with_a_fake_docker(
+    tmp_path, monkeypatch
+):
+    _gpu_host(tmp_path, monkeypatch)
+    monkeypatch.setattr(doctor.shutil, "which", _which_without("nvidia-container-runtime-hook"))
+    _fake_docker(tmp_path, monkeypatch, '{"runc": {}, "io.containerd.runc.v2": {}}', image=True)
+    check = doctor.check_docker_gpu()
+    assert check.status == "warn" and "no NVIDIA runtime" in check.detail
+    assert "nvidia-container-toolkit" in check.fix and "nvidia-ctk runtime configure" in check.fix
+    _fake_docker(tmp_path, monkeypatch, '{"nvidia": {"path": "nvidia-container-runtime"}}', True)
+    assert doctor.check_docker_gpu().status == "ok"
+
+
+def test_a_docker_image_that_is_not_built_is_a_warning_naming_the_build_with_a_fake_docker(
+    tmp_path, monkeypatch
+):
+    _fake_docker(tmp_path, monkeypatch, "{}", image=False)
+    monkeypatch.delenv("LABKIT_TRITON_IMAGE", raising=False)
+    check = doctor.check_triton_image()
+    assert check.status == "warn" and "triton_transformer_server:26.06" in check.detail
+    assert check.fix == "labkit image build"
+
+
+def _which_without(name: str):
+    import shutil
+
+    real = shutil.which
+
+    def which(command, *args, **kwargs):
+        return (
+            None if command == name or command == "nvidia-ctk" else real(command, *args, **kwargs)
+        )
+
+    return which

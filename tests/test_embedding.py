@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from conftest import JOIN_DELAY_MICROSECONDS, sent_together
 from labkit import embedding
 from labkit.errors import InferenceError, MissingDependencyError, ServerError
 from labkit.repository import Repository
-from labkit.server import TritonServer, index, reload, served_config
+from labkit.server import index, reload, served_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -26,42 +24,28 @@ TEXTS = [
     "?",  # the shortest text; an empty one is refused (tests/test_bad_input_matrix.py)
     "word " * 400,  # longer than max_seq_length: truncated to 256 tokens on both sides
 ]
+JOIN_BATCH = 8
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, start_module_server):
     """The committed minilm, plus ``minilm_raw``: weights from a folder next to its config
-    (``huggingface_model: weights``, a link to the package's files) and no normalisation."""
+    (``huggingface_model: weights``, a link to the package's files), no normalisation, and a
+    long queue delay, so that eight texts sent together are certain to make one batch."""
     root = tmp_path_factory.mktemp("embedding")
     repo = Repository(ROOT / "model_repository").copy_to(root / "repo")
     for name in [m for m in repo.models() if m != "minilm"]:
         repo.remove(name)  # other models of the lab are not this module's subject
     embedding.add_embedding_model(
-        repo.path, "minilm_raw", huggingface_model="weights", normalize=False, max_batch_size=8
+        repo.path,
+        "minilm_raw",
+        huggingface_model="weights",
+        normalize=False,
+        max_batch_size=JOIN_BATCH,
+        max_queue_delay_microseconds=JOIN_DELAY_MICROSECONDS,
     )
     (repo.path / "minilm_raw" / "weights").symlink_to(embedding.model_folder())
-    s = TritonServer(
-        repo.path,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=240,
-        log_path=root / "tritonserver.log",
-    )
-    try:
-        yield s.start()
-    finally:
-        s.stop()
-
-
-def metric(server: TritonServer, name: str, model: str) -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
-        text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:  # the parser names counter samples <family>_total
-            if family.name == name and sample.labels.get("model") == model:
-                return sample.value
-    raise AssertionError(f"{name} for {model} not in the metrics")
+    return start_module_server(repo.path)
 
 
 @pytest.mark.integration
@@ -97,26 +81,18 @@ def test_the_unnormalised_model_loads_weights_beside_its_config_and_keeps_the_ra
 
 @pytest.mark.integration
 def test_concurrent_requests_are_batched_and_each_gets_its_own_vector(server):
-    texts = [
-        f"Sentence number {i} is about {topic}."
-        for i, topic in enumerate(
-            ["cats", "the stock market", "rain", "football", "jazz", "rockets", "bread", "trains"]
-            * 3
-        )
-    ]
-    reference = embedding.embed(texts)
-    before = (
-        metric(server, "nv_inference_count", "minilm"),
-        metric(server, "nv_inference_exec_count", "minilm"),
-    )
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(lambda t: embedding.served_embed(server, [t])[0], texts))
+    topics = ["cats", "the stock market", "rain", "football", "jazz", "rockets", "bread", "trains"]
+    texts = [f"Sentence number {i} is about {topic}." for i, topic in enumerate(topics)]
+    reference = embedding.embed(texts, normalize=False)
+
+    def one(text):
+        return embedding.served_embed(server, [text], model="minilm_raw")[0]
+
+    results, counts = sent_together(server, "minilm_raw", one, texts)
     for text, got, want in zip(texts, results, reference, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=text)
-    inferences = metric(server, "nv_inference_count", "minilm") - before[0]
-    executions = metric(server, "nv_inference_exec_count", "minilm") - before[1]
-    assert inferences == len(texts)
-    assert executions < inferences, "dynamic batching never put two requests together"
+    assert counts["inference_count"] == len(texts)
+    assert counts["execution_count"] == 1, f"not one batch: {counts}"
 
 
 @pytest.mark.integration

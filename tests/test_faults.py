@@ -5,11 +5,11 @@ full disk.
 What Triton 2.51 does when a Python stub dies (observed, and pinned by the first test): it does
 not restart the stub. The model stays READY in the repository index and on
 ``/v2/models/<m>/ready``, and every request to it is refused at once with
-``Stub process '<m>_0' is not healthy.`` until the model is reloaded. :func:`labkit.repository.
-unhealthy` finds such models and :func:`labkit.repository.recover` reloads them.
+``Stub process '<m>_0' is not healthy.`` until the model is reloaded. :func:`labkit.server.
+unhealthy` finds such models and :func:`labkit.server.recover` reloads them.
 
 A port taken between choosing it and binding it is tested in tests/test_server.py
-(``test_port_taken_between_choosing_and_binding_names_the_port``).
+(``test_port_taken_between_choosing_and_binding_names_the_port_with_a_fake_port_check``).
 """
 
 from __future__ import annotations
@@ -25,40 +25,17 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from conftest import write_python_model
 from nbformat.v4 import new_code_cell, new_notebook
 
-from labkit import repository, runner
+from conftest import group_alive, wait_for, write_python_model
+from labkit import repository
 from labkit.cli import main
 from labkit.errors import ServerError
 from labkit.repository import Repository
-from labkit.server import TritonServer, index, recover, reload, served_config, stubs, unhealthy
+from labkit.server import index, recover, reload, served_config, stubs, unhealthy
 from labkit.soak import Load
 
 ROOT = Path(__file__).resolve().parent.parent
-NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": ""}
-
-
-def group_alive(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s} s")
-        time.sleep(0.2)
 
 
 def stub_regions(pid: int) -> list[str]:
@@ -70,26 +47,14 @@ def stub_regions(pid: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, start_module_server):
     """``tf`` (its stub gets killed) and ``tfr`` (reloaded under load): tiny Falcon, no batching."""
     repo = tmp_path_factory.mktemp("faults") / "repo"
     repo.mkdir()
     repository.add_model(repo, "tiny-falcon", name="tf", max_tokens=4)
     repository.add_model(repo, "tiny-falcon", name="tfr", max_tokens=4)
     repository.prepare_repository(repo)
-    triton = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=240,
-        log_path=repo.parent / "tritonserver.log",
-        env=NO_TOKEN,
-    )
-    try:
-        yield triton.start()
-    finally:
-        triton.stop()
+    return start_module_server(repo)
 
 
 @pytest.mark.integration
@@ -115,7 +80,6 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
     server, record_property
 ):
     (victim,) = stubs(server)["tf"]
-    region = [f"/dev/shm/{a}" for a in psutil.Process(victim).cmdline() if "shm_region" in a]
     with Load(server.http_url, "tf") as load, Load(server.http_url, "tfr", threads=1) as neighbour:
         wait_for(lambda: load.successes() >= 4, 60, "4 answers before the kill")
         killed = time.monotonic()
@@ -136,8 +100,23 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
     assert unhealthy(server) == {} and stubs(server)["tf"] != [victim]
     record_property("requests_refused_while_the_stub_was_dead", len(failures))
     record_property("recover_seconds", round(recovered - recovering, 1))
-    server.stop()  # stop() also removes the dead stub's shared memory
-    assert region and not any(os.path.exists(r) for r in region)
+
+
+IDLE_MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+
+
+@pytest.mark.integration
+def test_stop_removes_the_shared_memory_a_killed_stub_left_behind(tmp_path, start_server):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "idle", IDLE_MODEL)
+    server = start_server(repo)
+    (victim,) = stubs(server)["idle"]
+    region = [f"/dev/shm/{a}" for a in psutil.Process(victim).cmdline() if "shm_region" in a]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: unhealthy(server), 30, "Triton's stub count to show the killed stub")
+    assert region and all(os.path.exists(r) for r in region)  # left behind by the dead stub
+    server.stop()
+    assert not any(os.path.exists(r) for r in region)
 
 
 SLOW_MODEL = """
@@ -153,17 +132,10 @@ class TritonPythonModel:
 
 
 @pytest.mark.integration
-def test_sigterm_while_a_model_loads_ends_the_server_and_leaves_nothing(tmp_path):
+def test_sigterm_while_a_model_loads_ends_the_server_and_leaves_nothing(tmp_path, start_server):
     repo = tmp_path / "repo"
     write_python_model(repo, "slow", SLOW_MODEL)
-    server = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=120,
-        log_path=tmp_path / "tritonserver.log",
-    )
+    server = start_server.new(repo)
     failure: list[BaseException] = []
 
     def start() -> None:
@@ -202,11 +174,7 @@ def test_a_killed_notebook_kernel_leaves_no_server(tmp_path):
     from jupyter_client.manager import start_new_kernel
 
     repo = tmp_path / "repo"
-    write_python_model(
-        repo,
-        "idle",
-        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n",
-    )
+    write_python_model(repo, "idle", IDLE_MODEL)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     manager, kernel = start_new_kernel(kernel_name="python3", env=env)
     server_pid = None
@@ -278,13 +246,14 @@ def test_a_read_only_run_folder_is_a_clear_error_before_any_notebook_runs(
     assert "Traceback" not in error
 
 
-def test_a_full_disk_fails_the_run_with_a_clear_error(tmp_path, mounted, monkeypatch, capsys):
+def test_a_full_disk_fails_the_run_with_a_clear_error(tmp_path, mounted, capsys):
     full = mounted("size=256k")
     folder = tmp_path / "notebooks"
     folder.mkdir()
     write_notebook(folder / "big.ipynb", "print('x' * 400_000)")  # its output does not fit
-    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
-    code = main(["run", "big", "--out", str(full / "run"), "--cell-timeout", "60"])
+    code = main(
+        ["run", str(folder / "big.ipynb"), "--out", str(full / "run"), "--cell-timeout", "60"]
+    )
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert code != 0

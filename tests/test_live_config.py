@@ -2,6 +2,7 @@
 
 One server for the module, serving small numpy-only Python models written into a temporary
 repository (they load in about a second), so every test sees real Triton behaviour quickly.
+Every test finds ``double`` (x2) and ``triple`` (x3) as first written (:func:`as_found`).
 """
 
 from __future__ import annotations
@@ -66,23 +67,26 @@ def write_model(repo_path, name: str, code: str, config: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("live")
-    repo = root / "repo"
+def server(tmp_path_factory, start_module_server):
+    repo = tmp_path_factory.mktemp("live") / "repo"
     write_model(repo, "double", SCALER, scaler_config("double", "2"))
     write_model(repo, "triple", SCALER, scaler_config("triple", "3"))
-    s = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=240,
-        log_path=root / "tritonserver.log",
-    )
-    try:
-        yield s.start()
-    finally:
-        s.stop()
+    return start_module_server(repo)
+
+
+@pytest.fixture(autouse=True)
+def as_found(server):
+    """Each test leaves the server as it found it, pass or fail: a config it changed is put back
+    and reloaded, a model it unloaded is loaded again. No test depends on another's effects."""
+    repo = Repository(server.model_repository)
+    configs = {m: repo.config_path(m).read_bytes() for m in ("double", "triple")}
+    yield
+    states = index(server).set_index("name")["state"]
+    for model, text in configs.items():
+        path = repo.config_path(model)
+        if path.read_bytes() != text or states.get(model) != "READY":
+            path.write_bytes(text)
+            reload(server, model)
 
 
 def infer(server: TritonServer, model: str, x: np.ndarray) -> np.ndarray:
@@ -106,8 +110,8 @@ def test_edit_and_reload_change_the_served_config_and_behaviour_without_a_restar
     x = np.array([1.0, 2.0, 3.0])
     assert infer(server, "triple", x).tolist() == [3, 6, 9]
     assert served_config(server, "triple")["max_batch_size"] == 0
-    with pytest.raises(InferenceServerException):  # no batch dimension yet: [2, 3] is refused
-        infer(server, "triple", np.ones((2, 3)))
+    with pytest.raises(InferenceServerException, match=r"unexpected shape for input 'x'.*\[2,3\]"):
+        infer(server, "triple", np.ones((2, 3)))  # no batch dimension yet: [2, 3] is refused
 
     diff = repo.edit(
         "triple", max_batch_size=4, preferred_batch_size=[2, 4], parameters={"scale": "5"}
@@ -184,7 +188,7 @@ def test_unload_and_load_again(server):
     unload(server, "double")
     frame = index(server).set_index("name")
     assert frame.loc["double", "state"] == "UNAVAILABLE"
-    with pytest.raises(InferenceServerException):
+    with pytest.raises(InferenceServerException, match="unknown model: 'double'"):
         infer(server, "double", np.array([1.0]))
     reload(server, "double")
     assert index(server).set_index("name").loc["double", "state"] == "READY"

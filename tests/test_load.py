@@ -10,6 +10,7 @@ import json
 import pytest
 
 from labkit import soak
+from labkit.cli import bench as bench_cli
 from labkit.cli import build_parser, main
 from labkit.errors import ConfigError
 
@@ -58,12 +59,12 @@ def test_the_figures_are_json_and_the_table_names_them(result):
     assert json.loads(json.dumps(figures)) == figures
     text = soak.table(figures)
     assert "requests answered / failed" in text and "load average" in text
-    assert (run_dir / "tritonserver.log").is_file() and (run_dir / "soak-perf.csv").is_file()
+    assert (run_dir / "tritonserver.log").is_file() and (run_dir / "perf" / "soak.csv").is_file()
 
 
 def test_bench_soak_is_a_subcommand_of_bench():
     args = build_parser().parse_args(["bench", "soak", "--duration", "30", "--no-faults"])
-    assert args.duration == 30 and args.no_faults and args.handler is soak._cli
+    assert args.duration == 30 and args.no_faults and args.handler is bench_cli._cli_soak
     assert build_parser().parse_args(["bench", "batching"]).bench == "batching"
 
 
@@ -79,5 +80,5 @@ def test_impossible_settings_are_refused_before_any_server_starts(argv, says, ca
     assert main(["bench", "soak", "--run-dir", str(tmp_path / "run"), *argv]) == 2
     assert says in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="must be >= 3 s"):
         soak.SoakSettings(duration_s=1).check()

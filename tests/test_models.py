@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import imported_as_triton_does
 
+from conftest import imported_as_triton_does
 from labkit import capacity, repository
 from labkit.errors import ConfigError
 
@@ -89,9 +88,26 @@ def test_prepare_repository_links_built_weights_and_is_cheap_when_done(tmp_path)
     assert link == tmp_path / "tf" / "weights" and link.is_symlink()
     assert (link / "config.json").is_file() and (link / repository.models.MARKER).is_file()
     assert not (tmp_path / "opt125m" / "weights").exists()
-    started = time.monotonic()
-    assert repository.prepare_repository(tmp_path) == [link]
-    assert time.monotonic() - started < 1.0
+    checkpoint, target = link.resolve(), os.readlink(link)
+    files = {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")}
+    # Cheap means it reads configs and markers and builds nothing: in a fresh process, no model
+    # library is even imported, and the checkpoint is left as it was.
+    code = (
+        "import sys\nfrom labkit.repository import prepare_repository\n"
+        "print([str(p) for p in prepare_repository(sys.argv[1])])\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines() == [str([str(link)]), "[]"]
+    assert os.readlink(link) == target
+    assert {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")} == files
 
 
 def test_two_processes_building_at_once_get_one_complete_checkpoint(tmp_path):

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import py_compile
-import sys
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,18 +14,21 @@ import torch
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from conftest import add_sub, imported_as_triton_does
 from labkit import hardware
 from labkit.cli import neuron as neuron_cli
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
 from labkit.neuron import compiler as neuron
 from labkit.neuron.gen import (
     TEMPLATE_DIR,
+    TEMPLATES,
     GenOptions,
     TensorSpec,
     assign_cores,
     generate_model,
     signature_specs,
 )
+from labkit.neuron.llm import TEMPLATE as LLM_TEMPLATE
 from labkit.neuron.llm import NeuronLLMConfig, build_llm_config, generate_llm_model
 
 IO = {
@@ -126,7 +128,7 @@ def test_every_option_lands_in_the_protobuf_config(tmp_path):
 
 
 def test_unused_cores_give_a_loud_warning_that_names_them(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="labkit.neuron_gen"):
+    with caplog.at_level(logging.WARNING, logger="labkit.neuron.gen"):
         made = generate_model(
             GenOptions(
                 tmp_path / "m", "m.pt", "0:7", target="cpu", triton_model_instance_count=3, **IO
@@ -237,7 +239,7 @@ def test_repeated_triton_input_flags_and_default_target_inf1(tmp_path):
 
 
 def test_max_queue_delay_help_says_microseconds(capsys):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="^0$"):  # --help exits 0
         cli(["gen-model", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "how long, in microseconds, a request may wait" in text
@@ -288,21 +290,16 @@ def test_detect_reports_none_on_this_kind_of_host(tmp_path):
 
 
 # -- compile -------------------------------------------------------------------------------------
-class AddSub(torch.nn.Module):
-    def forward(self, a, b):
-        return a + b, a - b
-
-
 def test_cpu_compile_saves_torchscript_and_the_second_call_is_a_cache_hit(tmp_path):
     example = (torch.zeros(1, 4, dtype=torch.int64), torch.zeros(1, 4, dtype=torch.int64))
-    first = neuron.compile(AddSub(), example, "cpu", cache_dir=tmp_path)
-    second = neuron.compile(AddSub(), example, "cpu", cache_dir=tmp_path)
+    first = neuron.compile(add_sub(), example, "cpu", cache_dir=tmp_path)
+    second = neuron.compile(add_sub(), example, "cpu", cache_dir=tmp_path)
     assert (first.cached, second.cached, first.path) == (False, True, second.path)
     loaded = neuron.load(first.path)
     a, b = torch.tensor([[1, 2, 3, 4]] * 3), torch.ones(3, 4, dtype=torch.int64)
     assert [t.tolist() for t in loaded(a, b)] == [[[2, 3, 4, 5]] * 3, [[0, 1, 2, 3]] * 3]
     wider = (torch.zeros(1, 8, dtype=torch.int64),) * 2
-    other = neuron.compile(AddSub(), wider, "cpu", cache_dir=tmp_path)
+    other = neuron.compile(add_sub(), wider, "cpu", cache_dir=tmp_path)
     assert other.key != first.key  # input shapes are part of the key
 
 
@@ -327,7 +324,9 @@ def test_neuron_targets_without_the_sdk_say_how_to_install_it(tmp_path):
 
 
 # -- generated code that needs an SDK: what can be checked here ---------------------------------
-def test_tensorflow_generation_from_signature_without_tensorflow(tmp_path):
+def test_tensorflow_generation_from_a_fake_signature_without_tensorflow(tmp_path):
+    # Fake: TensorFlow is not in the lab's environment (its Neuron path runs on an inf host), so
+    # a SavedModel signature's TensorInfo entries are given as plain objects of the same shape.
     def info(dt, *dims):  # a TensorInfo's shape, as a SavedModel signature holds it
         shape = SimpleNamespace(dim=[SimpleNamespace(size=d) for d in dims])
         return SimpleNamespace(dtype=dt, tensor_shape=shape)
@@ -362,26 +361,27 @@ def test_tensorflow_generation_from_signature_without_tensorflow(tmp_path):
 
 
 def test_every_template_compiles_without_the_sdk():
-    for template in TEMPLATE_DIR.glob("*.py"):
-        py_compile.compile(str(template), doraise=True)
+    templates = sorted(TEMPLATE_DIR.glob("*.py"))
+    named = {*TEMPLATES.values(), LLM_TEMPLATE.name}  # each template the generators write from
+    assert {t.name for t in templates} == named
+    for template in templates:  # compiled in memory: no __pycache__ beside a packaged template
+        compile(template.read_text(), str(template), "exec", dont_inherit=True)
 
 
 # -- the inf2 LLM's configuration ---------------------------------------------------------------
-def _load_llm_template():
-    import pytriton
-
-    utils = Path(pytriton.__file__).parent / "tritonserver/backends/python"
-    sys.path.insert(0, str(utils))  # the real triton_python_backend_utils (pure Python)
-    try:
-        spec = importlib.util.spec_from_file_location("llm_template", TEMPLATE_DIR / "llm_model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(utils))
+@pytest.fixture(scope="module")
+def llm_template(tmp_path_factory):
+    """The inf2 LLM template as a module, imported as Triton imports a model.py."""
+    version = tmp_path_factory.mktemp("llm") / "1"
+    version.mkdir()
+    shutil.copy(LLM_TEMPLATE, version / "model.py")
+    with imported_as_triton_does(version) as module:
+        yield module
 
 
-def test_llm_config_round_trips_through_config_pbtxt_into_the_model_py_settings(tmp_path):
+def test_llm_config_round_trips_through_config_pbtxt_into_the_model_py_settings(
+    tmp_path, llm_template
+):
     cfg = NeuronLLMConfig(
         "meta-llama/Llama-2-7b-hf",
         compiled_model="llama-tp8",
@@ -401,7 +401,7 @@ def test_llm_config_round_trips_through_config_pbtxt_into_the_model_py_settings(
     as_triton = json_format.MessageToDict(config, preserving_proto_field_name=True)
     params = {k: v["string_value"] for k, v in as_triton["parameters"].items()}
     assert NeuronLLMConfig.from_parameters(params) == cfg
-    got = _load_llm_template().settings(params)
+    got = llm_template.settings(params)
     assert (got["TP_DEGREE"], got["BATCH_SIZE"], got["SEQUENCE_LENGTH"], got["PRECISION"]) == (
         8,
         2,
@@ -426,8 +426,8 @@ def test_llm_config_errors_name_the_setting(change, match):
         build_llm_config("llm", NeuronLLMConfig("m", **change))
 
 
-def test_llm_template_rejects_bad_parameters_with_the_key_name():
-    settings = _load_llm_template().settings
+def test_llm_template_rejects_bad_parameters_with_the_key_name(llm_template):
+    settings = llm_template.settings
     with pytest.raises(ValueError, match="MODEL is missing"):
         settings({})
     with pytest.raises(ValueError, match="BATCH_SIZE must be an integer"):

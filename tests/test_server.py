@@ -9,13 +9,12 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 
 import psutil
 import pytest
-from conftest import write_python_model
 
+from conftest import group_alive, wait_for, write_python_model
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError
 from labkit.server import TritonServer, locate_tritonserver
 
@@ -54,29 +53,25 @@ def generate(server, model, text):
         return json.load(response)["text_output"]
 
 
-def group_alive(pgid: int) -> list[psutil.Process]:
-    alive = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 def test_explicit_path_that_is_not_executable_names_the_path(tmp_path):
     with pytest.raises(MissingDependencyError, match="nope/tritonserver"):
         locate_tritonserver(tmp_path / "nope" / "tritonserver")
 
 
 def test_environment_variable_takes_precedence_over_path(tmp_path, monkeypatch):
-    fake = tmp_path / "tritonserver"
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("LABKIT_TRITONSERVER", str(fake))
+    # Two real servers: the bundled binary, reached through two links of different names.
+    monkeypatch.delenv("LABKIT_TRITONSERVER", raising=False)
+    real = locate_tritonserver().path
+    (tmp_path / "on-path").mkdir()
+    (tmp_path / "chosen").mkdir()
+    on_path, chosen = tmp_path / "on-path" / "tritonserver", tmp_path / "chosen" / "tritonserver"
+    on_path.symlink_to(real)
+    chosen.symlink_to(real)
+    monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
+    assert (locate_tritonserver().path, locate_tritonserver().source) == (on_path, "PATH")
+    monkeypatch.setenv("LABKIT_TRITONSERVER", str(chosen))
     found = locate_tritonserver()
-    assert (found.path, found.source) == (fake, "LABKIT_TRITONSERVER")
+    assert (found.path, found.source) == (chosen, "LABKIT_TRITONSERVER")
 
 
 def test_bundled_server_gets_stub_and_libpython(monkeypatch):
@@ -122,12 +117,12 @@ def test_missing_repository_is_named(tmp_path):
         TritonServer(tmp_path / "does-not-exist")
 
 
-def test_busy_port_error_names_the_port(echo_repo):
+def test_busy_port_error_names_the_port(echo_repo, start_server):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        server = TritonServer(echo_repo, http_port=port, grpc_port=0, metrics_port=0)
+        server = start_server.new(echo_repo, http_port=port)
         with pytest.raises(PortInUseError, match=f"http port {port} .* in use.*http_port=0"):
             server.start()
         assert server.pid is None
@@ -135,7 +130,7 @@ def test_busy_port_error_names_the_port(echo_repo):
 
 @pytest.mark.integration
 def test_port_taken_between_choosing_and_binding_names_the_port_with_a_fake_port_check(
-    echo_repo, monkeypatch, tmp_path
+    echo_repo, monkeypatch, start_server
 ):
     # Fake: the window between labkit's check and Triton's bind is too short to hit on purpose,
     # so the check is made to pass; the real server then meets the taken port and exits.
@@ -144,15 +139,8 @@ def test_port_taken_between_choosing_and_binding_names_the_port_with_a_fake_port
         busy.listen()
         port = busy.getsockname()[1]
         monkeypatch.setattr("labkit.server.process.check_port_free", lambda *a, **k: None)
-        server = TritonServer(
-            echo_repo,
-            http_port=port,
-            grpc_port=0,
-            metrics_port=0,
-            log_path=tmp_path / "race.log",
-            startup_timeout_s=60,
-        )
-        with pytest.raises(PortInUseError, match=str(port)):
+        server = start_server.new(echo_repo, http_port=port)
+        with pytest.raises(PortInUseError, match=f"http port {port} was taken"):
             server.start()
         assert not server.running
 
@@ -167,7 +155,9 @@ def test_serves_on_loopback_and_stop_leaves_no_process(echo_repo, start_server):
     pgid = server.pid
     assert any(p.name().startswith("triton_python") for p in group_alive(pgid))
     server.stop()
-    assert group_alive(pgid) == []
+    assert not server.running and server.pid is None
+    # stop() kills the group's stubs with SIGKILL; they end a moment later, not at once
+    wait_for(lambda: group_alive(pgid) == [], 10, "the end of every process of the server")
     server.stop()  # a second stop is harmless
 
 
@@ -206,30 +196,21 @@ def test_killed_parent_leaves_no_server(echo_repo, tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         parent.stdout.close()
-    deadline = time.monotonic() + 30
-    while group_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    leftover = group_alive(pid)
-    for proc in leftover:  # clean up before failing, so the failure leaves nothing running
-        proc.kill()
-    assert leftover == []
+    try:
+        wait_for(lambda: group_alive(pid) == [], 30, "the end of the dead parent's server")
+    finally:
+        for proc in group_alive(pid):  # clean up before failing, so a failure leaves nothing
+            proc.kill()
 
 
 @pytest.mark.integration
-def test_start_returns_only_when_grpc_and_metrics_answer_too(echo_repo, tmp_path):
+def test_start_returns_only_when_grpc_and_metrics_answer_too(echo_repo, start_server):
     """Triton opens HTTP about 40 ms before its metrics port: a metrics read right after start()
     got `Connection refused` once. Started and read at once, many times, it never may."""
     import tritonclient.grpc as grpcclient
 
-    for attempt in range(6):
-        server = TritonServer(
-            echo_repo,
-            http_port=0,
-            grpc_port=0,
-            metrics_port=0,
-            log_path=tmp_path / f"{attempt}.log",
-        )
-        with server:
+    for _attempt in range(6):
+        with start_server.new(echo_repo) as server:
             with urllib.request.urlopen(server.metrics_url, timeout=5) as response:
                 body = response.read().decode()
             assert response.status == 200 and "nv_inference_count" in body, body[:300]

@@ -1,7 +1,9 @@
 """The text-generation model served by a real Triton: same text as in-process, batching, errors.
 
-One module-scoped server holds three models: ``tf0`` (tiny Falcon, ``max_batch_size: 0``),
-``tfb`` (tiny Falcon, dynamic batching) and ``smollm2`` (the committed folder, the real LLM).
+One module-scoped server holds four models: ``tf0`` (tiny Falcon, ``max_batch_size: 0``),
+``tfb`` (tiny Falcon, dynamic batching), ``tfb_join`` (the same with max_batch_size 8 and a long
+queue delay, so that eight requests released together are certain to run as one batch) and
+``smollm2`` (the committed folder, the real LLM).
 """
 
 from __future__ import annotations
@@ -10,14 +12,13 @@ import json
 import re
 import shutil
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from conftest import JOIN_DELAY_MICROSECONDS, sent_together
 from labkit import client, repository
 from labkit.errors import InferenceError, ServerError
-from labkit.server import TritonServer
 
 pytestmark = pytest.mark.integration
 
@@ -32,11 +33,10 @@ PROMPTS = [
     "Numbers: 1 2 3",
     "What is the capital of France? It is",
 ]
-NO_TOKEN = {"HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "PRIVATE_REPO_TOKEN": ""}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, start_module_server):
     repo = tmp_path_factory.mktemp("repo")
     repository.add_model(repo, "tiny-falcon", name="tf0", max_tokens=12)
     repository.add_model(
@@ -48,6 +48,15 @@ def server(tmp_path_factory):
         dynamic_batching=True,
         max_queue_delay_microseconds=100_000,
     )
+    repository.add_model(
+        repo,
+        "tiny-falcon",
+        name="tfb_join",
+        max_tokens=12,
+        max_batch_size=len(PROMPTS),
+        dynamic_batching=True,
+        max_queue_delay_microseconds=JOIN_DELAY_MICROSECONDS,
+    )
     repository.add_model(repo, "llama7b")  # gated: loaded by a test, never at start
     shutil.copytree(
         ROOT / "model_repository" / "smollm2",
@@ -56,20 +65,7 @@ def server(tmp_path_factory):
         ignore=shutil.ignore_patterns("weights", "__pycache__"),
     )
     repository.prepare_repository(repo)
-    triton = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        load_models=["tf0", "tfb", "smollm2"],
-        startup_timeout_s=240,
-        log_path=repo.parent / "tritonserver.log",
-        env=NO_TOKEN,
-    )
-    try:
-        yield triton.start()
-    finally:
-        triton.stop()
+    return start_module_server(repo, load_models=["tf0", "tfb", "tfb_join", "smollm2"])
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +107,6 @@ def post(server, path: str, body) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
-
-
-def counts(server, model: str) -> tuple[int, int]:
-    """``(nv_inference_count, nv_inference_exec_count)`` of ``model`` from Prometheus metrics."""
-    text = urllib.request.urlopen(server.metrics_url, timeout=10).read().decode()
-
-    def value(metric):
-        match = re.search(rf'^{metric}{{model="{model}",version="1"}} (\S+)$', text, re.M)
-        return int(float(match.group(1))) if match else 0
-
-    return value("nv_inference_count"), value("nv_inference_exec_count")
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -177,29 +162,26 @@ def test_one_request_with_n_prompts_gets_n_answers_in_order(server, reference, m
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, reference):
-    before = counts(server, "tfb")
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(
-            pool.map(lambda p: client.infer(server.http_url, "tfb", p, batched=True)[0], PROMPTS)
-        )
+    def one(prompt):
+        return client.infer(server.http_url, "tfb_join", prompt, batched=True)[0]
+
+    answers, counts = sent_together(server, "tfb_join", one, PROMPTS)
     assert answers == [reference("tiny-falcon", p, 12) for p in PROMPTS]
-    after = counts(server, "tfb")
-    inferences, executions = after[0] - before[0], after[1] - before[1]
-    assert inferences == 8
-    assert executions < inferences, f"no batching: {executions} executions for 8 requests"
+    assert counts["inference_count"] == len(PROMPTS)
+    assert counts["execution_count"] == 1, f"not one batch: {counts}"
 
 
 def test_requests_with_different_settings_in_one_batch_keep_their_own_settings(server, reference):
     jobs = [(p, 3 + i % 2) for i, p in enumerate(PROMPTS)]
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(
-            pool.map(
-                lambda job: client.infer(
-                    server.http_url, "tfb", job[0], batched=True, max_tokens=job[1]
-                )[0],
-                jobs,
-            )
-        )
+
+    def one(job):
+        prompt, max_tokens = job
+        return client.infer(
+            server.http_url, "tfb_join", prompt, batched=True, max_tokens=max_tokens
+        )[0]
+
+    answers, counts = sent_together(server, "tfb_join", one, jobs)
+    assert counts["execution_count"] == 1, f"not one batch: {counts}"
     assert answers == [reference("tiny-falcon", p, n) for p, n in jobs]
 
 
@@ -236,7 +218,7 @@ def test_sampling_with_a_seed_is_repeatable(server):
 def test_bad_generate_requests_get_400_naming_the_problem_and_serving_goes_on(
     server, prompt, params, named
 ):
-    with pytest.raises(InferenceError) as info:
+    with pytest.raises(InferenceError, match=re.escape(named)) as info:
         client.generate(server.http_url, "tfb", prompt, **params)
     assert info.value.status == 400 and named in str(info.value)
     assert client.generate(server.http_url, "tfb", "Hi", max_tokens=2).text.startswith("Hi")

@@ -381,6 +381,7 @@ class TritonServer:
                 )
         kill_group(process.pid, signal.SIGKILL)  # stubs left behind by the server, if any
         process.wait()
+        _wait_group_gone(process.pid, timeout_s=5.0)
         _remove_files(regions)  # a killed stub or server leaves its shared memory behind
         self._drain_log()
         self._close_log()
@@ -489,6 +490,19 @@ def _copy_redacted(stream, sink, secrets: list[bytes]) -> None:
         pass
     finally:
         stream.close()
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Wait (bounded) until no process of group ``pgid`` exists any more, so that "stopped" means
+    gone: the stubs SIGKILLed with the server are reaped by init a moment later."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    log.warning("process group %d still had members %g s after stop", pgid, timeout_s)
 
 
 def _remove_files(paths: list[str]) -> None:
