@@ -9,8 +9,8 @@ VENV=.venv
 STAMP=$VENV/.labkit-installed
 
 # System packages: libb64 for perf_analyzer; Chromium for the browser test; shellcheck for the
-# host-setup script test.
-APT_PACKAGES=(libb64-0d chromium shellcheck)
+# host-setup script test; HAProxy for the replicas of notebook 07.
+APT_PACKAGES=(libb64-0d chromium shellcheck haproxy)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from labkit.cli import bench, doctor, models, neuron, run, serve
+from labkit.cli import bench, deploy, doctor, gpu, image, models, neuron, run, serve
 from labkit.errors import LabkitError
 
 #: ``labkit --help`` lists the subcommands in this order.
@@ -22,7 +22,10 @@ REGISTRARS = [
     models.register_prepare,
     bench.register,
     neuron.register,
+    deploy.register,
     doctor.register,
+    image.register,
+    gpu.register,
 ]
 
 

@@ -1,0 +1,296 @@
+"""Replicas behind a real HAProxy: every client through it, failover under load, and nothing left.
+
+One module-wide cluster of two Triton replicas serves a tiny Python echo model (20 ms a request),
+so two replicas fit on two cores and start in seconds. The failover tests kill a replica's
+``tritonserver`` and, separately, its Python stub, under a steady load through the balancer, and
+assert the outcomes: the failed count (target 0), the replica leaving the pool, its replacement
+joining and answering again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import write_python_model
+from labkit import client, profiling
+from labkit.cluster import REPLICA_HEADER, Checks, Cluster, failover, locate_haproxy, render_config
+from labkit.cluster.balancer import Target
+from labkit.errors import ServerError
+
+try:
+    HAPROXY = str(locate_haproxy())
+except Exception:  # noqa: BLE001 (reported by the skip below)
+    HAPROXY = None
+
+pytestmark = pytest.mark.skipif(
+    HAPROXY is None, reason="haproxy is not installed (make install installs Debian's haproxy)"
+)
+
+ECHO = """
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            time.sleep(0.02)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text)]))
+        return responses
+"""
+
+
+def echo_repository(root: Path) -> Path:
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    write_python_model(repo, "echo", ECHO)
+    return repo
+
+
+def ours(marker: str) -> list[psutil.Process]:
+    """Live haproxy, tritonserver or stub processes whose command line names ``marker``."""
+    found = []
+    for process in psutil.process_iter(["name", "cmdline", "status"]):
+        try:
+            line = " ".join(process.info["cmdline"] or [])
+            if process.info["status"] == psutil.STATUS_ZOMBIE or marker not in line:
+                continue
+            if any(
+                n in (process.info["name"] or "")
+                for n in ("haproxy", "tritonserver", "triton_python")
+            ):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def post_infer(url: str, text: str = "hi") -> tuple[int, str, str]:
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/echo/infer", data=json.dumps(body).encode()
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers.get(REPLICA_HEADER, ""), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get(REPLICA_HEADER, ""), exc.read().decode()
+
+
+def wait_until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster")
+    repo = echo_repository(root)
+    cluster = Cluster(repo, 2, load_models=["echo"], run_dir=root / "run", startup_timeout_s=240)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        cluster.stop()  # twice is harmless
+        assert ours(str(root)) == [], "the cluster left processes behind"
+
+
+# -- the configuration -------------------------------------------------------------------------
+def test_haproxy_accepts_the_generated_configuration(tmp_path):
+    targets = [Target("r0", 18000, 18001, 18100), Target("r1", 18010, 18011, 18110)]
+    text = render_config(
+        targets, http_port=18080, grpc_port=18081, stats_port=18082, socket_path=tmp_path / "s"
+    )
+    (tmp_path / "haproxy.cfg").write_text(text)
+    result = subprocess.run(
+        [HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "option httpchk GET /ready" in text
+    assert "retry-on conn-failure empty-response junk-response 500 502 503 504" in text
+    assert "server r1 127.0.0.1:18011 proto h2 track triton_http/r1" in text
+
+
+# -- one address for every client --------------------------------------------------------------
+@pytest.mark.integration
+def test_every_labkit_client_works_through_the_balancer(cluster):
+    assert client.infer(cluster.http_url, "echo", "hello") == ["hello"]
+    assert client.generate(cluster.http_url, "echo", "hi there").text == "hi there"
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(cluster.grpc_url) as grpc:
+        tensor = grpcclient.InferInput("text_input", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"over grpc"], dtype=np.object_))
+        assert grpc.infer("echo", [tensor]).as_numpy("text_output").tolist() == [b"over grpc"]
+
+
+@pytest.mark.integration
+def test_requests_are_spread_over_both_replicas(cluster):
+    served = {post_infer(cluster.http_url)[1] for _ in range(12)}
+    assert served == {"r0", "r1"}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_through_the_balancer(cluster, protocol, tmp_path):
+    frame = profiling.perf_analyzer(
+        cluster,
+        "echo",
+        concurrency=2,
+        protocol=protocol,
+        string_data="hi",
+        shapes={"text_input": [1]},
+        measurement_mode="count_windows",
+        measurement_request_count=20,
+        stability_percentage=1000,
+        max_trials=2,
+        run_dir=tmp_path,
+        progress=False,
+    )
+    assert float(frame.iloc[0]["throughput"]) > 0
+    in_flight = cluster.pool()
+    assert (in_flight["requests"] > 0).all()
+
+
+# -- failover, measured ------------------------------------------------------------------------
+@pytest.mark.integration
+def test_a_killed_tritonserver_costs_no_request_and_is_replaced(cluster):
+    first = cluster.replica(0).server.pid
+    result = failover(cluster, "echo", fault="server", replica=0, warmup_s=1.5, settle_s=1.5)
+    f = result.figures
+    print(result.table().to_string())
+    assert f["failed"] == 0, f["failures_by_cause"]
+    assert f["answered"] >= 60
+    assert 0 < f["s_to_leave_pool"] < 3
+    assert f["s_to_leave_pool"] < f["s_to_repaired"] <= f["s_to_rejoin_pool"]
+    assert f["s_to_first_answer_after_rejoin"] >= f["s_to_rejoin_pool"]
+    assert f["answered_by_it_while_out"] == 0
+    assert cluster.replica(0).server.pid != first and cluster.replica(0).generation >= 1
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.integration
+def test_a_killed_stub_costs_no_request_and_the_replica_rejoins_after_recover(cluster):
+    result = failover(cluster, "echo", fault="stub", replica=1, warmup_s=1.5, settle_s=1.5)
+    f = result.figures
+    print(result.table().to_string())
+    assert f["failed"] == 0, f["failures_by_cause"]
+    assert 0 < f["s_to_leave_pool"] < 3
+    assert f["s_to_repaired"] <= f["s_to_rejoin_pool"] + 0.5
+    assert f["answered_by_it_while_out"] == 0
+    # The lesson of the figure: answered by both before the kill, by r0 alone while r1 was out.
+    frame = result.requests
+    assert set(frame[frame["done_s"] < 0]["replica"]) == {"r0", "r1"}
+    out = frame[
+        (frame["sent_s"] > f["s_to_leave_pool"] + 0.05) & (frame["done_s"] < f["s_to_rejoin_pool"])
+    ]
+    assert set(out["replica"]) <= {"r0"}
+
+
+@pytest.mark.integration
+def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cluster):
+    cluster.wait_ready(60)
+    replica = cluster.replica(0)
+    cluster.kill(0, "stub")
+    wait_until(lambda: "r0" not in cluster.in_pool(), 10, "r0 leaving the pool")
+    row = cluster.pool().set_index("replica").loc["r0"]
+    assert row["lb_status"].startswith("DOWN")
+    assert "0 of 1 Python stub processes alive" in row["readiness"]
+    # Triton itself still says ready, and refuses the model: the trap the readiness endpoint sees.
+    with urllib.request.urlopen(f"http://{replica.server.http_url}/v2/health/ready") as response:
+        assert response.status == 200
+    status, _, error = post_infer(replica.server.http_url)
+    assert status == 500 and "is not healthy" in error
+    assert {post_infer(cluster.http_url)[:2] for _ in range(6)} == {(200, "r1")}
+    assert cluster.recover(0) == ["echo"]
+    wait_until(lambda: "r0" in cluster.in_pool(), 30, "r0 rejoining the pool")
+    wait_until(lambda: post_infer(cluster.http_url)[1] == "r0", 10, "r0 answering again")
+
+
+# -- nothing is left ---------------------------------------------------------------------------
+@pytest.mark.integration
+def test_a_cluster_that_cannot_start_stops_everything_it_started(tmp_path):
+    repo = echo_repository(tmp_path)
+    cluster = Cluster(repo, 2, load_models=["echo", "missing"], run_dir=tmp_path / "run")
+    with pytest.raises(ServerError):
+        cluster.start()
+    assert ours(str(tmp_path)) == []
+    cluster.stop()
+
+
+@pytest.mark.integration
+def test_a_program_that_exits_without_stopping_its_cluster_leaves_nothing(tmp_path):
+    repo = echo_repository(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        from labkit.cluster import Cluster
+        cluster = Cluster({str(repo)!r}, 1, load_models=["echo"], run_dir={str(tmp_path / "run")!r})
+        cluster.start()
+        print(cluster.http_url, flush=True)
+        """
+    )  # no stop(): the interpreter's exit must stop HAProxy and the replica
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert ":" in result.stdout
+    wait_until(lambda: ours(str(tmp_path)) == [], 20, "every process of the child's cluster ending")
+
+
+@pytest.mark.integration
+def test_a_killed_program_leaves_no_balancer_or_replica(tmp_path):
+    repo = echo_repository(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import time
+        from labkit.cluster import Cluster
+        Cluster({str(repo)!r}, 1, load_models=["echo"], run_dir={str(tmp_path / "run")!r}).start()
+        print("ready", flush=True)
+        time.sleep(300)
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as child:
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            assert len(ours(str(tmp_path))) >= 2  # haproxy and tritonserver
+            os.kill(child.pid, signal.SIGKILL)  # no atexit: the parent-death signal must do it
+            child.wait(timeout=30)
+            wait_until(lambda: ours(str(tmp_path)) == [], 30, "the orphans ending")
+        finally:
+            if child.poll() is None:
+                child.kill()
+
+
+def test_checks_render_the_retry_policy():
+    text = render_config(
+        [Target("r0", 1, 2, 3)],
+        http_port=4,
+        grpc_port=5,
+        stats_port=6,
+        socket_path="/tmp/s",
+        checks=Checks(interval_s=0.5, retries=1, retry_on=("conn-failure",)),
+    )
+    assert "retries 1" in text and "retry-on conn-failure\n" in text
+    assert "inter 500ms" in text

@@ -1,0 +1,182 @@
+"""``labkit deploy k8s``: the manifests it writes pass kubernetes-validate (strict, Kubernetes
+1.37's bundled schemas) and check-jsonschema (KServe's InferenceService schema, tests/data/kserve),
+both offline; the validators themselves reject a wrong field; no secret value is ever written.
+No cluster is contacted: nothing here was applied anywhere."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from labkit.cli import main
+from labkit.deploy import (
+    DeploySettings,
+    kserve_schema,
+    manifests,
+    ngc_image,
+    python_requirements,
+    validate_manifests,
+    write_manifests,
+)
+from labkit.errors import ConfigError
+from labkit.settings import triton_image
+
+ROOT = Path(__file__).resolve().parents[1]
+REPOSITORY = ROOT / "model_repository"
+
+
+def load(folder: Path, name: str) -> dict:
+    return yaml.safe_load((folder / name).read_text())
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu", "neuron"])
+def test_plain_manifests_pass_kubernetes_validate(tmp_path, accelerator):
+    write_manifests(REPOSITORY, tmp_path, DeploySettings(accelerator=accelerator))
+    report = validate_manifests(tmp_path)
+    assert set(report["kind"]) == {
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PersistentVolumeClaim",
+    }
+    assert report["passed"].all(), report.to_string()
+    assert report["validator"].str.startswith("kubernetes-validate --strict").all()
+
+
+def test_the_kserve_manifests_pass_both_validators_from_the_command_line(tmp_path, capsys):
+    code = main(
+        [
+            "deploy",
+            "k8s",
+            "--model-repository",
+            str(REPOSITORY),
+            "--out",
+            str(tmp_path),
+            "--gpu",
+            "--kserve",
+            "--validate",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "InferenceService" in out and "check-jsonschema" in out
+    service = load(tmp_path, "inferenceservice.yaml")
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == "kserve-tritonserver"
+    assert model["storageUri"] == "pvc://triton-model-repository"
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert not (tmp_path / "deployment.yaml").exists()
+    assert load(tmp_path, "hpa.yaml")["spec"]["scaleTargetRef"]["name"] == "triton-predictor"
+
+
+def test_the_validators_reject_a_misspelt_field(tmp_path):
+    write_manifests(REPOSITORY, tmp_path, DeploySettings())
+    write_manifests(REPOSITORY, tmp_path / "k", DeploySettings(kserve=True))
+    deployment = load(tmp_path, "deployment.yaml")
+    deployment["spec"]["replica"] = deployment["spec"].pop("replicas")
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(deployment))
+    service = load(tmp_path / "k", "inferenceservice.yaml")
+    service["spec"]["predictor"]["model"]["storageURI"] = service["spec"]["predictor"]["model"].pop(
+        "storageUri"
+    )
+    (tmp_path / "inferenceservice.yaml").write_text(yaml.safe_dump(service))
+    report = validate_manifests(tmp_path).set_index("file")
+    assert not report.loc["deployment.yaml", "passed"]
+    assert "'replica' was unexpected" in report.loc["deployment.yaml", "message"]
+    assert not report.loc["inferenceservice.yaml", "passed"]
+    assert "storageURI" in report.loc["inferenceservice.yaml", "message"]
+    assert report.loc["service.yaml", "passed"] and report.loc["hpa.yaml", "passed"]
+
+
+def test_the_deployment_probes_health_mounts_shared_memory_and_requests_the_accelerator():
+    files = manifests(DeploySettings(accelerator="neuron", requirements=("numpy==1.26.4",)))
+    pod = files["deployment.yaml"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert dshm["emptyDir"]["medium"] == "Memory"
+    assert container["resources"]["limits"]["aws.amazon.com/neuron"] == "1"
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "inf2.xlarge"}
+    assert pod["tolerations"][0]["key"] == "aws.amazon.com/neuron"
+    repo = next(v for v in pod["volumes"] if v["name"] == "model-repository")
+    assert repo["persistentVolumeClaim"] == {
+        "claimName": "triton-model-repository",
+        "readOnly": True,
+    }
+    assert container["image"] == triton_image() and container["command"] == ["tritonserver"]
+
+
+def test_the_ngc_image_installs_the_repository_requirements_before_the_server():
+    files = manifests(DeploySettings(image=ngc_image(), requirements=("transformers==5.0.0",)))
+    container = files["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["/bin/sh", "-c"]
+    assert (
+        "pip install --no-cache-dir 'transformers==5.0.0' && exec tritonserver"
+        in container["args"][0]
+    )
+
+
+def test_the_autoscaler_scales_on_the_queue_metric_the_adapter_rule_defines(tmp_path):
+    write_manifests(REPOSITORY, tmp_path, DeploySettings(replicas=2, max_replicas=6))
+    hpa = load(tmp_path, "hpa.yaml")["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 6)
+    metric = hpa["metrics"][0]["pods"]["metric"]["name"]
+    rule = load(tmp_path, "prometheus-adapter-values.yaml")["rules"]["custom"][0]
+    assert rule["name"]["as"] == metric
+    assert "nv_inference_queue_duration_us" in rule["metricsQuery"]
+    assert "nv_inference_request_success" in rule["metricsQuery"]
+
+
+def test_no_secret_value_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_NeverWriteThisTokenAnywhere")
+    paths = write_manifests(REPOSITORY, tmp_path, DeploySettings(kserve=False))
+    paths += write_manifests(REPOSITORY, tmp_path / "k", DeploySettings(kserve=True))
+    for path in paths:
+        assert "hf_NeverWriteThisTokenAnywhere" not in path.read_text(), path
+    env = load(tmp_path, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0]["env"]
+    token = next(e for e in env if e["name"] == "HF_TOKEN")
+    assert token == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "HF_TOKEN", "optional": True}},
+    }
+    assert not any(
+        load(tmp_path, p.name).get("kind") == "Secret"
+        for p in paths
+        if p.suffix == ".yaml" and p.parent == tmp_path
+    )
+
+
+def test_the_repository_python_requirements_are_pinned_with_numpy_below_2():
+    requirements = python_requirements(REPOSITORY)
+    names = {r.split("=")[0].split("<")[0] for r in requirements}
+    assert {"numpy", "torch", "transformers"} <= names
+    numpy = next(r for r in requirements if r.startswith("numpy"))
+    assert numpy == "numpy<2" or numpy.startswith("numpy==1.")
+
+
+def test_the_shipped_kserve_schema_is_a_valid_json_schema():
+    schema = json.loads(kserve_schema().read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["properties"]["kind"] == {"const": "InferenceService"}
+    assert "V1beta1PredictorSpec" in schema["$defs"]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"accelerator": "tpu"}, "accelerator='tpu'"),
+        ({"name": "Bad_Name"}, "not a Kubernetes name"),
+        ({"replicas": 5}, "between 1 and max_replicas"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_value_named(change, match):
+    with pytest.raises(ConfigError, match=match):
+        manifests(replace(DeploySettings(), **change))
