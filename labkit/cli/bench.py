@@ -1,4 +1,5 @@
-"""``labkit bench batching | soak``: benchmarks that write their figures (JSON and a table)."""
+"""``labkit bench batching | inflight | inflight-soak | soak``: benchmarks that write their figures
+(JSON and a table)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(handler=_cli_batching)
+    _register_inflight(kinds)
     d = soak.SoakSettings()
     p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
     p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
@@ -81,3 +83,96 @@ def _cli_soak(args) -> int:
     print(soak.table(result))
     print(f"figures: {run_dir / 'soak.json'}")
     return 0 if all(result["passed"].values()) else 1
+
+
+def _register_inflight(kinds) -> None:
+    d = bench.InflightSettings()
+    p = kinds.add_parser(
+        "inflight",
+        help="no batching, dynamic batching and in-flight batching, in tokens (AIPerf)",
+        description="One server, one run: the same workloads against every scheduler of the "
+        "text model, measured with AIPerf (TTFT, ITL, tokens/s), then the in-process limit and "
+        "float32 against bfloat16. The full matrix takes long on 2 cores; --concurrency 8 "
+        "--workload mixed measures what the ratios need.",
+    )
+    p.add_argument("--model-repository", default="model_repository", help="source model repository")
+    p.add_argument("--model", default=d.model, help="plain model folder (default: %(default)s)")
+    p.add_argument("--inflight-model", default=d.inflight_model, help="in-flight model folder")
+    p.add_argument("--scheduler", type=_names, default=d.schedulers, help="none,dynamic,inflight")
+    p.add_argument("--workload", type=_names, default=d.workloads, help="fixed16,mixed")
+    p.add_argument("--clients", choices=["both", "stream", "whole"], default="both",
+                   help="streaming clients, non-streaming (whole answer) clients, or both")  # fmt: skip
+    p.add_argument("--concurrency", type=_levels, default=d.concurrency, help="e.g. 1,4,8,16")
+    p.add_argument("--requests", type=int, default=d.requests, help="requests per level")
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=d.num_threads,
+        help="torch threads of every scheduler's model and of the in-process limit (default: "
+        "the cores less one, %(default)s here: torch's default collapses when the client shares "
+        "the cores)",
+    )
+    p.add_argument("--no-precision", action="store_true", help="skip float32 against bfloat16")
+    p.add_argument(
+        "--run-dir", help="where the copy, logs and AIPerf exports go (default: runs/...)"
+    )
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli_inflight)
+    d = bench.InflightSoakSettings()
+    p = kinds.add_parser("inflight-soak", help="many streams for a while on the in-flight model")
+    p.add_argument("--model-repository", default="model_repository", help="source model repository")
+    p.add_argument("--model", default=d.model, help="model to soak (default: %(default)s)")
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds of load")
+    p.add_argument("--memory-window", type=float, default=d.memory_window_s, help="seconds")
+    p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli_inflight_soak)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in _names(text))
+
+
+def _cli_inflight(args) -> int:
+    settings = bench.InflightSettings(
+        model=args.model,
+        inflight_model=args.inflight_model,
+        schedulers=args.scheduler,
+        workloads=args.workload,
+        streaming={"both": (True, False), "stream": (True,), "whole": (False,)}[args.clients],
+        concurrency=args.concurrency,
+        requests=args.requests,
+        num_threads=args.num_threads,
+        precision=not args.no_precision,
+    )
+    run_dir = run_folder(args.run_dir, notebook="bench-inflight")
+    result = bench.inflight(args.model_repository, run_dir, settings)
+    table = bench.inflight_table(result)
+    (run_dir / "inflight.txt").write_text(table + "\n")
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    print(f"run folder: {run_dir}")
+    return 0
+
+
+def _cli_inflight_soak(args) -> int:
+    settings = bench.InflightSoakSettings(
+        model=args.model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        memory_window_s=args.memory_window,
+    )
+    run_dir = run_folder(args.run_dir, notebook="bench-inflight-soak")
+    result = bench.inflight_soak(args.model_repository, run_dir, settings)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(bench.soak_table(result))
+    print(f"figures: {run_dir / 'inflight-soak.json'}")
+    return 0

@@ -5,7 +5,9 @@ the folder is (``1``), so it brings in its siblings with ``from . import``:
 
 - ``model.py``: the ``TritonPythonModel`` that Triton calls, and how it loads the weights;
 - ``protocol.py``: how a request is read and checked, and how it is answered;
-- ``streaming.py``: the decoupled mode's token-by-token responses.
+- ``streaming.py``: the decoupled mode's token-by-token responses;
+- ``inflight.py``: in-flight batching, where requests join and leave a running batch at every
+  generation step (``inflight_batching: "true"``).
 
 Self-contained on purpose: the folder imports only the standard library, numpy, torch,
 transformers and ``triton_python_backend_utils``, so it runs in the lab's bundled server and in an
@@ -20,7 +22,11 @@ config.pbtxt parameters (all strings, as Triton stores them):
   (``true``: the answer starts with the prompt, as in the tutorial): generation defaults that a
   request may override with request parameters of the same names, plus ``seed`` for sampling.
 - ``gated`` (``true`` for models such as Llama 2 that need a token), ``dtype`` (``auto``: float16
-  on a GPU, float32 on a CPU), ``num_threads`` (torch CPU threads; 0 = torch's default).
+  on a GPU, float32 on a CPU), ``num_threads`` (torch CPU threads; 0 = torch's default, or with
+  in-flight batching on a CPU one less than the cores this process may use: see ``inflight.py``).
+- ``inflight_batching`` (``true``: serve through the in-flight engine of ``inflight.py``; needs
+  ``decoupled: true``) and its limits ``max_running_requests``, ``kv_page_size``, ``kv_blocks``,
+  ``max_batch_tokens``, ``max_queue_size`` (see ``inflight.Limits``).
 
 Input ``text_input`` holds one prompt per element, in any shape (``[1]``, ``[N]``; ``[1, 1]``,
 ``[N, 1]`` with batching); output ``text_output`` has the same shape, one answer per prompt. The
@@ -28,7 +34,8 @@ prompts of all requests in a batch that share generation settings go through ONE
 call (left padding, attention mask), so dynamic batching pays off and a prompt's greedy answer in
 a batch equals its answer alone. A bad request gets an error response that names the problem
 (HTTP 400), and the model keeps serving. With ``model_transaction_policy { decoupled: true }``
-the same code streams (see ``streaming.py``).
+the same code streams (see ``streaming.py``); with ``inflight_batching`` too, ``execute`` hands
+each request to a running engine and returns at once (see ``inflight.py``).
 
 The hub token comes from ``HF_TOKEN``, ``HUGGING_FACE_HUB_TOKEN`` or ``PRIVATE_REPO_TOKEN`` (the
 tutorial's name), in that order; it is never logged. Downloads are cached under ``HF_HOME``.
@@ -47,8 +54,10 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
+from .inflight import InflightEngine, Limits, read_limits, serving_threads
 from .protocol import (
     Member,
+    Prompts,
     RequestError,
     RequestReader,
     Settings,
@@ -75,22 +84,51 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
 
         options = read_options(config, self.name)
-        if options.num_threads:
-            torch.set_num_threads(options.num_threads)
         source, token = locate_weights(options, Path(args["model_repository"]))
         self.device = choose_device(args)
+        threads = options.num_threads
+        if not threads and options.inflight and self.device.type == "cpu":
+            threads = serving_threads()
+        if threads:
+            torch.set_num_threads(threads)
         dtype = choose_dtype(options.dtype, self.device)
         self.tokenizer, self.model = load(source, token, self.device, dtype)
 
         self.eos_ids = end_of_sequence_ids(self.model, self.tokenizer)
         context = context_length(self.model, self.tokenizer)
         self.reader = RequestReader(self.tokenizer, options.defaults, options.full_text, context)
+        self.engine = self._start_engine(options) if options.inflight else None
+        mode = "in-flight batching" if self.engine else "streaming" if self.decoupled else ""
         self.logger.log_info(
             f"{self.name}: loaded {source} on {self.device} as {dtype}, context {context}, "
-            f"defaults {options.defaults}, {'streaming' if self.decoupled else 'not streaming'}"
+            f"defaults {options.defaults}, {mode or 'not streaming'}"
+            + (f", {options.inflight}" if self.engine else "")
         )
 
+    def _start_engine(self, options: Options) -> InflightEngine:
+        if not self.decoupled:
+            raise RequestError(
+                f"model {self.name!r}: inflight_batching needs a decoupled model (its responses "
+                "leave after execute has returned); add model_transaction_policy { decoupled: "
+                "true } to config.pbtxt"
+            )
+        engine = InflightEngine(
+            self.model,
+            self.tokenizer,
+            limits=options.inflight,
+            eos_ids=self.eos_ids,
+            max_tokens=options.defaults.max_tokens,
+            decode=self.completion,
+            run_alone=self._answer_alone,
+            name=self.name,
+        )
+        engine.start(self.tokenizer("Hello")["input_ids"])
+        return engine
+
     def execute(self, requests: list) -> list | None:
+        if self.engine is not None:
+            self._execute_inflight(requests)
+            return None  # the engine's thread answers each request through its sender
         if self.decoupled:
             self._execute_streaming(requests)
             return None  # each request's responses went out through its own sender
@@ -122,24 +160,52 @@ class TritonPythonModel:
 
     def _execute_streaming(self, requests: list) -> None:
         """Decoupled mode: each request's pieces go out through its own response sender."""
+        senders, groups = self._read_decoupled(requests)
+        for settings, members in groups.items():
+            self._stream([senders[member.index] for member in members], members, settings)
+
+    def _execute_inflight(self, requests: list) -> None:
+        """In-flight mode: each valid request goes to the engine, which answers it. Returns at once."""
+        senders, groups = self._read_decoupled(requests)
+        for members in groups.values():
+            for member in members:
+                self.engine.submit(senders[member.index], member.prompts)
+
+    def _read_decoupled(self, requests: list) -> tuple[list, dict[Settings, list[Member]]]:
+        """Each request's response sender, and the valid requests grouped; the others refused."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         senders = [request.get_response_sender() for request in requests]
 
         def refuse(index: int, message: str) -> None:
             senders[index].send(error_response(message), flags=final)
 
-        for settings, members in group_by_settings(requests, self.reader.read, refuse).items():
-            streamer = PieceStreamer(
-                [senders[member.index] for member in members],
-                [member.prompts for member in members],
-                self.completion,
-                self.eos_ids,
-            )
-            try:
-                self.generate_ids(token_ids(members), settings, streamer)
-                streamer.finish()
-            except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
-                self._end_streams([senders[member.index] for member in members], exc)
+        return senders, group_by_settings(requests, self.reader.read, refuse)
+
+    def _stream(self, senders: list, members: list[Member], settings: Settings) -> None:
+        """One ``generate`` for ``members``, each new token sent to its request as it comes."""
+        streamer = PieceStreamer(
+            senders, [member.prompts for member in members], self.completion, self.eos_ids
+        )
+        try:
+            self.generate_ids(token_ids(members), settings, streamer)
+            streamer.finish()
+        except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
+            self._end_streams(senders, exc)
+
+    def _answer_alone(self, sender, prompts: Prompts) -> None:
+        """One request through ``generate``, streamed if it asked: the in-flight engine's side
+        lane for requests that sample or set a repetition penalty (see ``inflight.py``)."""
+        if prompts.stream:
+            self._stream([sender], [Member(0, prompts)], prompts.settings)
+            return
+        try:
+            completions = self.generate_ids(prompts.ids, prompts.settings)
+        except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
+            self._end_streams([sender], exc)
+            return
+        sender.send(
+            answer(prompts, completions), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        )
 
     def _end_streams(self, senders: list, exc: Exception) -> None:
         """Tell each request of a failed (or cancelled) stream, in its final response."""
@@ -201,6 +267,8 @@ class TritonPythonModel:
         return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def finalize(self) -> None:
+        if getattr(self, "engine", None) is not None:
+            self.engine.stop()
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -221,6 +289,7 @@ class Options(NamedTuple):
     gated: bool
     num_threads: int  # 0: torch's default
     dtype: str  # checked by choose_dtype, which knows the device
+    inflight: Limits | None  # the in-flight engine's limits; None: no in-flight batching
 
 
 def read_options(config: dict, name: str) -> Options:
@@ -241,6 +310,7 @@ def read_options(config: dict, name: str) -> Options:
             "num_threads", params.get("num_threads", "0"), minimum=0, from_config=True
         ),
         dtype=params.get("dtype", "auto").strip() or "auto",
+        inflight=read_limits(params),
     )
 
 

@@ -1,15 +1,20 @@
 """What a text-generation request may hold, and how it is answered: the model's wire contract.
 
 Every scheduler of this model folder (``model.py``'s batch of ``generate`` calls, the decoupled
-stream, a future in-flight batcher) reads requests with :class:`RequestReader` and answers with
-the response functions at the end of this module, so all of them accept and refuse the same
-requests with the same words.
+stream, the in-flight engine of ``inflight.py``) reads requests with :class:`RequestReader` and
+answers with the response functions at the end of this module (``streaming.RequestStream`` for
+token pieces), so all of them accept and refuse the same requests with the same words.
 
 A request holds ``text_input`` (TYPE_STRING, one prompt per element, any shape) and may set the
 request parameters ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
 ``seed`` and ``return_full_text`` (JSON-typed; config.pbtxt holds their defaults as strings). The
 answer ``text_output`` has the input's shape, one text per prompt. Anything else is refused with
 an error (HTTP 400) that names the field and the fix.
+
+``stream`` (true or false, default false) is how a client of the in-flight model asks for one
+response per token, as with Triton's vLLM backend: Triton does not tell a model whether a request
+came to ``/generate`` (which takes exactly one response) or to ``/generate_stream`` or a gRPC
+stream. The other schedulers read it and go on as before (a decoupled model always streams).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Prompts(NamedTuple):
     ids: list[list[int]]  # each prompt's token ids
     settings: Settings
     full_text: bool  # the answer starts with the prompt (return_full_text)
+    stream: bool = False  # the client asked for one response per token (in-flight model)
 
 
 class Member(NamedTuple):
@@ -90,7 +96,7 @@ class RequestReader:
     def read(self, request) -> Prompts:
         array = self._input(request)
         prompts = [_check_prompt(i, item) for i, item in enumerate(array.reshape(-1))]
-        settings, full_text = self._parameters(request)
+        settings, full_text, stream = self._parameters(request)
         ids = [self.tokenizer(p)["input_ids"] for p in prompts]
         for i, seq in enumerate(ids):
             if self.context and len(seq) + settings.max_tokens > self.context:
@@ -99,7 +105,7 @@ class RequestReader:
                     f"exceeds the model's context of {self.context} tokens; shorten the prompt "
                     "or lower max_tokens"
                 )
-        return Prompts(array.shape, prompts, ids, settings, full_text)
+        return Prompts(array.shape, prompts, ids, settings, full_text, stream)
 
     def _input(self, request) -> np.ndarray:
         tensor = pb_utils.get_input_tensor_by_name(request, INPUT_NAME)
@@ -110,8 +116,8 @@ class RequestReader:
             raise RequestError(f"input {INPUT_NAME!r} holds no prompt (shape {list(array.shape)})")
         return array
 
-    def _parameters(self, request) -> tuple[Settings, bool]:
-        """The request's settings and return_full_text: its parameters over the defaults."""
+    def _parameters(self, request) -> tuple[Settings, bool, bool]:
+        """The request's settings, return_full_text and stream: its parameters over the defaults."""
         raw = json.loads(request.parameters() or "{}")
         unknown = sorted(
             set(raw)
@@ -129,7 +135,8 @@ class RequestReader:
         full_text = self.return_full_text
         if "return_full_text" in raw:
             full_text = as_bool("return_full_text", raw["return_full_text"], from_config=False)
-        return settings, full_text
+        stream = as_bool("stream", raw["stream"], from_config=False) if "stream" in raw else False
+        return settings, full_text, stream
 
 
 def _check_prompt(i: int, item: object) -> str:
@@ -264,3 +271,8 @@ def error_response(message: str, code=None) -> pb_utils.InferenceResponse:
 def cancelled_response(message: str = "cancelled by the client") -> pb_utils.InferenceResponse:
     errors = pb_utils.TritonError  # set up by the stub after import: look it up when used
     return error_response(message, getattr(errors, "CANCELLED", errors.UNAVAILABLE))
+
+
+def busy_response(message: str) -> pb_utils.InferenceResponse:
+    """A refusal that a retry later may get past (a full queue, a stopped engine): UNAVAILABLE."""
+    return error_response(message, pb_utils.TritonError.UNAVAILABLE)

@@ -87,16 +87,8 @@ class PieceStreamer(BaseStreamer):
                 except Exception as exc:  # noqa: BLE001 (the request may be gone already)
                     pb_utils.Logger.log_info(f"cancelled request not told: {exc!r}")
                 continue
-            texts = [self._rest(row) for row in stream.rows]
+            texts = [rest_of(row, self.decode) for row in stream.rows]
             stream.send(texts, flags=final)
-
-    def _rest(self, row: Row) -> str:
-        """What of a row's whole answer has not been sent yet."""
-        whole = self.decode(row.ids, row.new)
-        if not whole.startswith(row.emitted):  # cannot happen with HF tokenizers
-            pb_utils.Logger.log_warn(f"streamed text diverged from {whole!r}")
-            return ""
-        return whole[len(row.emitted) :]
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: a key of put()'s pieces
@@ -135,6 +127,15 @@ class Row:
     new: list[int] = field(default_factory=list)  # the tokens generated for it
     emitted: str = ""  # the text sent for it
     done: bool = False  # ended (end-of-sequence token) or cancelled
+
+
+def rest_of(row: Row, decode: Callable[[list[int], list[int]], str]) -> str:
+    """What of a row's whole answer has not been sent yet: the text of its final response."""
+    whole = decode(row.ids, row.new)
+    if not whole.startswith(row.emitted):  # cannot happen with HF tokenizers
+        pb_utils.Logger.log_warn(f"streamed text diverged from {whole!r}")
+        return ""
+    return whole[len(row.emitted) :]
 
 
 def stable_piece(text: str, emitted: str) -> str:

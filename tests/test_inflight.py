@@ -1,0 +1,484 @@
+"""In-flight batching (``inflight.py``) against a real Triton: answers, streams, cancellation,
+the queue bound, bad input, a killed stub, and a crashed engine.
+
+One module-scoped server holds the committed ``smollm2`` and ``smollm2_inflight`` folders (the
+real LLM: greedy answers under concurrency must equal the answer alone) and small in-flight
+models on a random 2-layer Llama with SmolLM2's tokenizer (transformers' engine runs Llama-style
+models; the lab's tiny Falcon is not one of them): ``tl`` (plain, the reference), ``tli``
+(4 slots, a queue of 2), ``tlq`` (1 slot, a queue of 1), ``tlk`` (a KV cache of 64 tokens) and
+``tlr`` (its stub gets killed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from conftest import imported_as_triton_does
+from labkit import bench, client, repository, streaming
+from labkit.errors import InferenceError, ServerError
+from labkit.server import TritonServer, recover, stubs, unhealthy, unload
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "labkit" / "templates" / "textgen"
+REPOSITORY = ROOT / "model_repository"
+PROMPTS = ["I am going", "Where is the nearest", "Once upon a time there was", "Hi"]
+
+
+def build_tiny_llama(target: Path) -> Path:
+    """A seeded random 2-layer, 64-wide LlamaForCausalLM with SmolLM2's tokenizer (16 MB)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(repository.build_weights("smollm2"))
+    tokenizer.model_max_length = 256
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.5,  # confident random logits: greedy answers are stable
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "weights")
+
+
+def add_tiny(repo: Path, weights: Path, name: str, **options) -> None:
+    entry = repository.CatalogEntry("tiny-llama", str(weights), "random 2-layer Llama", 0.003)
+    config = repository.textgen_config(entry, name, max_tokens=12, **options)
+    repository.Repository(repo).add_from_template(name, "textgen", config)
+
+
+INFLIGHT = {"decoupled": True, "inflight_batching": True}
+SERVER: dict[str, str] = {}  # the module server's address, for helpers run in a thread pool
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_llama):
+    repo = tmp_path_factory.mktemp("inflight") / "repository"
+    repo.mkdir()
+    add_tiny(repo, tiny_llama, "tl")
+    add_tiny(repo, tiny_llama, "tli", max_running_requests=4, max_queue_size=2, **INFLIGHT)
+    add_tiny(repo, tiny_llama, "tlq", max_running_requests=1, max_queue_size=1, **INFLIGHT)
+    add_tiny(repo, tiny_llama, "tlk", kv_page_size=16, kv_blocks=4, **INFLIGHT)
+    add_tiny(repo, tiny_llama, "tlr", **INFLIGHT)
+    add_tiny(repo, tiny_llama, "tlx", inflight_batching=True)  # not decoupled: refused
+    for name in ("smollm2", "smollm2_inflight"):
+        shutil.copytree(
+            REPOSITORY / name,
+            repo / name,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("weights", "__pycache__"),
+        )
+    repository.prepare_repository(repo)
+    triton = TritonServer(
+        repo,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        load_models=["tl", "tli", "tlq", "tlk", "tlr", "smollm2", "smollm2_inflight"],
+        startup_timeout_s=300,
+        log_path=repo.parent / "tritonserver.log",
+    )
+    try:
+        SERVER["http"] = triton.start().http_url
+        yield triton
+    finally:
+        triton.stop()
+
+
+def post(server, model: str, body: dict, endpoint: str = "generate") -> tuple[int, str]:
+    """``(HTTP status, error text or output text)`` of one request."""
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read().decode(), exc.code
+    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    parsed = events or [json.loads(text)]
+    if any("error" in e for e in parsed):
+        return status, next(e["error"] for e in parsed if "error" in e)
+    return status, json.dumps([e.get("text_output") for e in parsed])
+
+
+def grpc_stream(server, model: str, prompt: str, cancel_after: int | None = None, **params):
+    """The text pieces of a gRPC stream; with ``cancel_after``, cancel it after that many."""
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    arrived: queue.Queue = queue.Queue()
+    grpc.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    tensor = grpcclient.InferInput("text_input", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    grpc.async_stream_infer(model, [tensor], parameters=params, enable_empty_final_response=True)
+    pieces: list[str] = []
+    try:
+        while cancel_after is None or len(pieces) < cancel_after:
+            result, error = arrived.get(timeout=120)
+            if error is not None:
+                raise InferenceError(error.message())
+            output = result.as_numpy("text_output")
+            if output is not None:
+                pieces.append(output.reshape(-1)[0].decode())
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        grpc.stop_stream(cancel_requests=True)
+        grpc.close()
+    return pieces
+
+
+def log_count(server, text: str) -> int:
+    return Path(server.log_path).read_text().count(text)
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
+        time.sleep(0.1)
+    return value
+
+
+# -- the committed model folder and the engine's settings (no server) ---------------------------
+def test_the_inflight_model_is_smollm2s_code_and_weights_with_an_engine():
+    folder = REPOSITORY / "smollm2_inflight" / "1"
+    for name in ("model.py", "protocol.py", "streaming.py", "inflight.py"):
+        assert os.readlink(folder / name) == f"../../smollm2/1/{name}"
+    plain = repository.read_config(REPOSITORY / "smollm2" / "config.pbtxt")
+    served = repository.read_config(REPOSITORY / "smollm2_inflight" / "config.pbtxt")
+    assert served.model_transaction_policy.decoupled and served.max_batch_size == 0
+    extra = {k: v.string_value for k, v in served.parameters.items() if k not in plain.parameters}
+    assert extra == {"inflight_batching": "true"} | {
+        name: str(value) for name, value in bench.ENGINE_LIMITS.items()
+    }
+    assert all(served.parameters[k] == v for k, v in plain.parameters.items())
+
+
+def test_the_benchmark_builds_the_engine_the_model_builds():
+    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
+        defaults = inflight.Limits()
+        assert {f: getattr(defaults, f) for f in bench.ENGINE_LIMITS} == bench.ENGINE_LIMITS
+        assert inflight.engine_settings(defaults) == bench.engine_config(bench.ENGINE_LIMITS)
+        assert inflight.read_limits({"inflight_batching": "false"}) is None
+        assert inflight.read_limits({"inflight_batching": "true", "kv_blocks": "12"}).kv_tokens == (
+            12 * defaults.kv_page_size
+        )
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"kv_blocks": "0"}, "parameter 'kv_blocks' must be >= 1, got 0"),
+        ({"max_running_requests": "many"}, "'max_running_requests' must be an integer"),
+        ({"kv_page_size": "2"}, "'kv_page_size' must be >= 4"),
+        ({"max_queue_size": "-1"}, "'max_queue_size' must be >= 0"),
+    ],
+)
+def test_a_bad_engine_limit_is_refused_by_name(params, message):
+    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
+        with pytest.raises(inflight.RequestError, match=message):
+            inflight.read_limits({"inflight_batching": "true", **params})
+        with pytest.raises(inflight.RequestError, match="'inflight_batching' must be true or"):
+            inflight.read_limits({"inflight_batching": "yes"})
+
+
+# -- answers ---------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_smollm2_greedy_answers_under_concurrency_equal_the_answer_alone(server):
+    lengths = [4, 8, 5, 7, 4, 6, 8, 5]
+    cases = [(PROMPTS[i % len(PROMPTS)], n) for i, n in enumerate(lengths)]
+    alone = [client.generate(server.http_url, "smollm2", p, max_tokens=n).text for p, n in cases]
+
+    def served(index: int) -> str:
+        prompt, n = cases[index]
+        if index % 2:  # half of the clients stream, half wait for the whole answer
+            return "".join(
+                streaming.stream(
+                    server.http_url, "smollm2_inflight", prompt, max_tokens=n, stream=True
+                )
+            )
+        return client.generate(server.http_url, "smollm2_inflight", prompt, max_tokens=n).text
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        got = list(pool.map(served, range(len(cases))))
+    assert got == alone
+    assert alone[1].startswith("Where is the nearest")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("full", [True, False])
+def test_streamed_pieces_over_http_and_grpc_join_to_the_whole_answer(server, full):
+    for prompt in PROMPTS:
+        expected = client.generate(server.http_url, "tl", prompt, return_full_text=full).text
+        params = {"return_full_text": full}
+        whole = client.generate(server.http_url, "tli", prompt, **params)
+        assert whole.text == expected
+        sse = list(streaming.stream(server.http_url, "tli", prompt, stream=True, **params))
+        assert "".join(sse) == expected and len(sse) > 1
+        pieces = grpc_stream(server, "tli", prompt, stream=True, **params)
+        assert "".join(pieces) == expected and len(pieces) > 2
+        assert grpc_stream(server, "tli", prompt, **params) == [expected]  # not asked to stream
+
+
+@pytest.mark.integration
+def test_a_request_of_several_prompts_and_sampling_settings_get_the_plain_models_answers(server):
+    body = {"text_input": ["I am going", "Hi"], "max_tokens": 6}
+    assert post(server, "tli", body) == post(server, "tl", body)
+    sampled = {"text_input": "Hi", "temperature": 0.9, "top_k": 20, "seed": 7}
+    assert post(server, "tli", sampled) == post(server, "tl", sampled)
+    penalised = {"text_input": "Hi", "repetition_penalty": 1.3, "stream": True}
+    assert post(server, "tli", penalised, "generate_stream")[1].startswith('["Hi')
+
+
+# -- cancellation and the queue bound ----------------------------------------------------------------
+@pytest.mark.integration
+def test_cancelling_half_the_streams_frees_their_slots_and_leaves_the_others_unchanged(server):
+    long = {"max_tokens": 200, "stream": True}
+    survivors = ["Tell me a story", "Once upon"]
+    expected = {
+        p: client.generate(server.http_url, "tl", p, max_tokens=200).text for p in survivors
+    }
+    before = log_count(server, "cancelled by their clients; their slots are free")
+
+    def full(prompt: str) -> tuple[str, float]:
+        text = "".join(streaming.stream(server.http_url, "tli", prompt, **long))
+        return text, time.monotonic()
+
+    def leave_http(prompt: str) -> None:
+        pieces = streaming.stream(server.http_url, "tli", prompt, **long)
+        next(pieces), next(pieces)
+        pieces.close()  # the connection closes mid-answer
+
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(full, p) for p in survivors]
+        pool.submit(leave_http, "Where is").result()
+        pool.submit(grpc_stream, server, "tli", "The weather", 2, **long).result()
+        wait_for(
+            lambda: log_count(server, "their slots are free") > before, 30, "the cancellations"
+        )
+        late = [pool.submit(first_token_at, p) for p in ("Hi", "I am going")]  # freed slots
+        answers = [f.result() for f in running]
+        latecomers = [f.result() for f in late]
+    assert {p: text for p, (text, _) in zip(survivors, answers, strict=True)} == expected
+    # Two of the four slots were free again: the latecomers did not wait for a survivor to end.
+    assert max(latecomers) < min(ended for _, ended in answers)
+
+
+def first_token_at(prompt: str) -> float:
+    """When (time.monotonic) the first token of a short stream from ``tli`` arrived."""
+    started = time.monotonic()
+    stats = streaming.measure(SERVER["http"], "tli", prompt, max_tokens=4, stream=True)
+    return started + stats.ttft_s
+
+
+@pytest.mark.integration
+def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(server):
+    running = streaming.stream(server.http_url, "tlq", "Once upon", max_tokens=240, stream=True)
+    next(running)  # the one slot is taken
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(client.generate, server.http_url, "tlq", "Hi", max_tokens=8)
+        time.sleep(0.3)  # it waits in the queue of one
+        started = time.monotonic()
+        with pytest.raises(
+            InferenceError, match=r"busy: 1 prompts are generating and 1 requ"
+        ) as busy:
+            client.generate(server.http_url, "tlq", "One too many")
+        refused_after = time.monotonic() - started
+        rest = "".join(running)
+        assert waiting.result().text.startswith("Hi")  # answered in its turn
+    assert rest and refused_after < 1.0 and "(max_queue_size=1); retry later" in str(busy.value)
+    assert busy.value.status == 400  # Triton 2.51's /generate gives every model error 400
+    assert client.generate(server.http_url, "tlq", "Hi").text.startswith("Hi")
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+BAD_INPUTS = {
+    "empty": {"text_input": "   "},
+    "nul-byte": {"text_input": "a\x00b"},
+    "max-tokens-zero": {"text_input": "Hi", "max_tokens": 0},
+    "max-tokens-text": {"text_input": "Hi", "max_tokens": "8"},
+    "max-tokens-past-context": {"text_input": "Hi", "max_tokens": 10_000},
+    "unknown-parameter": {"text_input": "Hi", "colour": "red"},
+    "negative-temperature": {"text_input": "Hi", "temperature": -1},
+    "top-p-zero": {"text_input": "Hi", "top_p": 0},
+    "stream-not-bool": {"text_input": "Hi", "stream": "yes"},
+    "no-input": {"max_tokens": 4},
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gets_the_plain_models_400_error(server, case, endpoint):
+    status, message = post(server, "tl", BAD_INPUTS[case])
+    assert status == 400
+    assert post(server, "tli", BAD_INPUTS[case], endpoint) == (
+        400,
+        message.replace("'tl'", "'tli'"),
+    )
+
+
+@pytest.mark.integration
+def test_a_request_the_engine_can_never_hold_is_refused_naming_the_limit(server):
+    status, text = post(server, "tlk", {"text_input": "Hi", "max_tokens": 100})
+    assert status == 400 and "kv_blocks=4 (64 tokens)" in text and "lower max_tokens" in text
+    status, text = post(server, "tli", {"text_input": ["a", "b", "c", "d", "e"]})
+    assert status == 400 and "holds 5 prompts" in text and "max_running_requests=4" in text
+    assert post(server, "tlk", {"text_input": "Hi", "max_tokens": 40})[0] == 200
+
+
+@pytest.mark.integration
+def test_an_inflight_model_that_is_not_decoupled_is_refused_with_the_fix(server):
+    with pytest.raises(ServerError, match=r"inflight_batching needs a decoupled model"):
+        server.load_model("tlx")
+
+
+# -- faults -----------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_a_killed_stub_is_unhealthy_and_recover_reloads_it_then_unload_stops_the_engine(server):
+    assert client.generate(server.http_url, "tlr", "Hi").text
+    (victim,) = stubs(server)["tlr"]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: "tlr" in unhealthy(server), 30, "the dead stub to show")
+    assert unhealthy(server) == {"tlr": "0 of 1 Python stub processes alive"}
+    with pytest.raises(InferenceError, match="Stub process 'tlr_0' is not healthy"):
+        client.generate(server.http_url, "tlr", "Hi")
+    assert recover(server) == ["tlr"]
+    wait_for(lambda: stubs(server).get("tlr", [victim]) != [victim], 60, "a new stub")
+    assert client.generate(server.http_url, "tlr", "Hi").text.startswith("Hi")
+    assert unhealthy(server) == {}
+    unload(server, "tlr")  # finalize stops the engine thread, which says so
+    wait_for(lambda: log_count(server, "tlr: in-flight engine stopped"), 30, "the engine's stop")
+
+
+class FakeSender:
+    """A response sender: what the engine sent, and whether the client has gone."""
+
+    def __init__(self) -> None:
+        self.responses: list[tuple[object, int]] = []
+        self.final = threading.Event()
+
+    def send(self, response, flags: int = 0) -> None:
+        self.responses.append((response, flags))
+        if flags:
+            self.final.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class FakeError:
+    INTERNAL, INVALID_ARG, UNAVAILABLE, CANCELLED = (
+        "INTERNAL",
+        "INVALID_ARG",
+        "UNAVAILABLE",
+        "CANCELLED",
+    )
+
+    def __init__(self, message: str, code: str = "INTERNAL") -> None:
+        self.message, self.code = message, code
+
+
+class FakeResponse:
+    def __init__(self, output_tensors=None, error=None) -> None:
+        self.output_tensors, self.error = output_tensors, error
+
+
+class FakeLogger:
+    lines: list[str] = []
+    log_info = log_warn = log_error = staticmethod(lambda text: FakeLogger.lines.append(text))
+
+
+def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_in_process(
+    tiny_llama, monkeypatch
+):
+    """In-process, because the crash is provoked inside the engine's forward pass: the stub's
+    response classes (C++ in a real stub) are stand-ins; the engine is transformers' own."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
+        for name, fake in (
+            ("TritonError", FakeError),
+            ("InferenceResponse", FakeResponse),
+            ("Tensor", lambda name, array: (name, array)),
+            ("Logger", FakeLogger),
+        ):
+            monkeypatch.setattr(inflight.pb_utils, name, fake, raising=False)
+        ended = threading.Event()
+        engine = inflight.InflightEngine(
+            model,
+            tokenizer,
+            limits=inflight.Limits(max_running_requests=4),
+            eos_ids={tokenizer.eos_token_id},
+            max_tokens=16,
+            decode=lambda prompt, new: tokenizer.decode(new),
+            run_alone=lambda sender, prompts: None,
+            name="crashy",
+            on_crash=ended.set,
+        )
+        engine.start(tokenizer("Hello")["input_ids"])
+
+        def prompts(text: str):
+            settings = inflight.Settings(max_tokens=100)
+            ids = [tokenizer(text)["input_ids"]]
+            return inflight.Prompts((1,), [text], ids, settings, False, True)
+
+        senders = [FakeSender(), FakeSender()]
+        engine.submit(senders[0], prompts("Once upon a time"))
+        calls = {"n": 0}
+        forward = model.forward
+
+        def failing(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] >= 3:
+                raise RuntimeError("injected fault in the forward pass")
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", failing)
+        engine.submit(senders[1], prompts("Hi"))
+        assert ended.wait(60), "the engine's crash was not handled"
+        for sender in senders:
+            response, flags = sender.responses[-1]
+            assert flags == inflight.FINAL and response.error.code == "INTERNAL"
+            assert "injected fault in the forward pass" in response.error.message
+        late = FakeSender()
+        engine.submit(late, prompts("Hi"))
+        ((refusal, _),) = late.responses
+        assert refusal.error.code == "UNAVAILABLE" and "must be reloaded" in refusal.error.message
+        assert any("ending this stub" in line for line in FakeLogger.lines)
+        engine.stop(timeout_s=10)  # stopping a dead engine is harmless
