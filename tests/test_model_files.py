@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from conftest import imported_as_triton_does
 
 ROOT = Path(__file__).resolve().parent.parent

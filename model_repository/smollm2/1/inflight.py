@@ -40,9 +40,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
+import transformers
 import triton_python_backend_utils as pb_utils
 from transformers import GenerationConfig
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from .protocol import (
     Prompts,
@@ -196,6 +196,14 @@ class InflightEngine:
         self._serial = 0
         self._stopping = threading.Event()
         self._attention = model.config._attn_implementation
+        try:  # imported here: only in-flight models need transformers 5, the others run on older
+            from transformers.generation.configuration_utils import ContinuousBatchingConfig
+        except ImportError:
+            raise RuntimeError(
+                f"{name}: inflight_batching needs transformers' continuous-batching engine "
+                f"(ContinuousBatchingConfig, transformers 5.x); this server has transformers "
+                f"{transformers.__version__}; upgrade it or serve without inflight_batching"
+            ) from None
         self.manager = model.init_continuous_batching(
             generation_config=GenerationConfig(
                 max_new_tokens=max_tokens,
