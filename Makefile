@@ -34,6 +34,7 @@ bench: install
 
 soak: install
 	$(BIN)/labkit bench soak --json runs/bench-soak.json
+	$(BIN)/labkit bench inflight-soak --json runs/bench-inflight-soak.json
 
 image: install
 	$(BIN)/labkit image build

@@ -109,8 +109,9 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
     the lab's first measured request right after a reload was 3x slower than the rest. Inputs are
     made from the served config: ``"Hello"`` for a string tensor, zeros for a numeric one, each
     dim -1 taken as 1; a text model with a ``max_tokens`` parameter is asked for 2 tokens. A
-    decoupled model (which HTTP ``/infer`` cannot serve) is warmed through ``/generate`` when its
-    input is ``text_input``, else left cold, with a log line.
+    decoupled model (which HTTP ``/infer`` cannot serve, and ``/generate`` refuses when it sends one
+    response per token) is warmed through ``/generate_stream`` when its input is ``text_input``,
+    else left cold, with a log line.
     """
     config = served_config(server, name)
     inputs = config.get("input", [])
@@ -121,8 +122,8 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
             log.info("not warming %s: a decoupled model without a text_input", name)
             return 0
         body = json.dumps({"text_input": "Hello", **parameters}).encode()
-        for _ in range(count):
-            _post(f"http://{server.http_url}/v2/models/{name}/generate", body, timeout_s)
+        for _ in range(count):  # generate_stream: a per-token model may send several responses
+            _post(f"http://{server.http_url}/v2/models/{name}/generate_stream", body, timeout_s)
         return count
     import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
@@ -154,11 +155,13 @@ def _post(url: str, body: bytes, timeout_s: float) -> None:
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
+            answer = response.read().decode("utf-8", errors="replace")
     except urllib.error.HTTPError as exc:
         raise ServerError(
             f"warming up at {url} failed: {exc.read().decode(errors='replace')}"
         ) from exc
+    if '"error"' in answer:  # an SSE event that carries the model's error
+        raise ServerError(f"warming up at {url} failed: {answer.strip()[-500:]}")
 
 
 def unload(server: TritonServer, name: str, *, timeout_s: float = 60.0) -> None:
