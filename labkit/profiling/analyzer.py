@@ -420,7 +420,9 @@ def summary_report(result: AnalyzerResult):
     """
     from IPython.display import HTML  # noqa: PLC0415 (a notebook display; the library needs no IPython)
 
-    reports = [r for r in result.reports if r.suffix.startswith(".htm") and "summary" in r.parts]
+    reports = [
+        r for r in result.reports if r.suffix.startswith(".htm") and r.stem == "result_summary"
+    ]
     if not reports:
         raise ToolError(
             f"Model Analyzer wrote no HTML summary report under {result.export_path / 'reports'}; "
