@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -18,6 +19,10 @@ def load(path: Path) -> dict:
 
 def source(cell: dict) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def is_parameters(cell: dict) -> bool:
+    return "parameters" in cell.get("metadata", {}).get("tags", [])
 
 
 def test_the_lab_ships_notebooks():
@@ -39,7 +44,7 @@ def test_notebook_is_committed_without_outputs_or_execution_counts(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_has_a_parameters_cell(path):
     nb = load(path)
-    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    tagged = [c for c in nb["cells"] if is_parameters(c)]
     assert len(tagged) == 1 and tagged[0]["cell_type"] == "code", (
         f"{path.name}: needs exactly one code cell tagged 'parameters' (papermill), "
         f"found {len(tagged)}"
@@ -48,12 +53,15 @@ def test_notebook_has_a_parameters_cell(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_code_cells_are_short(path):
+    """The parameters cell is exempt: it holds settings, not logic (the next test holds it to that)."""
     nb = load(path)
     lines = {i: len(source(c).splitlines()) for i, c in enumerate(nb["cells"])}
     long = {
         i: n
         for i, n in lines.items()
-        if nb["cells"][i]["cell_type"] == "code" and n > MAX_CODE_LINES
+        if nb["cells"][i]["cell_type"] == "code"
+        and not is_parameters(nb["cells"][i])
+        and n > MAX_CODE_LINES
     }
     assert not long, (
         f"{path.name}: code cells longer than {MAX_CODE_LINES} lines (index: lines) {long}; "
@@ -69,4 +77,22 @@ def test_notebook_cells_have_ids(path):
         f"{path.name}: nbformat {nb['nbformat']}.{nb['nbformat_minor']}, cells {missing} have "
         "no id (nbformat warns on every read, an error under -W error); save it from "
         "JupyterLab 4, or write it with nbformat.v4.new_notebook / new_code_cell"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_parameters_cell_holds_only_literal_assignments(path):
+    """papermill overrides these names; a call or a computed value there would be logic in disguise."""
+    cell = next(c for c in load(path)["cells"] if is_parameters(c))
+    not_settings = []
+    for node in ast.parse(source(cell)).body:
+        try:
+            literal = isinstance(node, ast.Assign) and ast.literal_eval(node.value) is not Ellipsis
+        except ValueError:
+            literal = False
+        if not (literal and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets)):
+            not_settings.append(ast.unparse(node))
+    assert not not_settings, (
+        f"{path.name}: the parameters cell may only set UPPER_CASE names to literals, found "
+        f"{not_settings}"
     )
