@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import socket
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 
 from labkit.errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
@@ -92,3 +96,21 @@ def check_port_free(
             raise PortInUseError(
                 f"{what} {port} on {host} is in use by another process; {fix}"
             ) from exc
+
+
+def set_parent_death_signal() -> None:
+    """In a child, as ``preexec_fn``: receive SIGTERM when the parent dies (Linux), so no server
+    or load balancer outlives the kernel that started it."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def http_ok(url: str, timeout_s: float = 2) -> bool:
+    """Whether ``url`` answers 200 (a health or readiness probe; any failure is False)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -227,3 +227,34 @@ def test_docker_command_always_mounts_a_hugging_face_cache(echo_repo, monkeypatc
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     line = " ".join(TritonServer(echo_repo, mode="docker").docker_command())
     assert f"-v {tmp_path / 'hf'}:/root/.cache/huggingface" in line
+
+
+def test_http_ok_is_true_only_for_a_200(tmp_path):
+    """The readiness probe shared by the server and the replica pool: a 503, a missing path and a
+    closed port are all "not ready", never an exception."""
+    import http.server
+    import threading
+
+    from labkit.proc import free_port, http_ok
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response({"/ready": 200, "/busy": 503}.get(self.path, 404))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        assert [http_ok(f"{base}/ready"), http_ok(f"{base}/busy"), http_ok(f"{base}/gone")] == [
+            True,
+            False,
+            False,
+        ]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert http_ok(f"http://127.0.0.1:{free_port()}/ready") is False

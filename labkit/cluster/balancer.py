@@ -28,7 +28,7 @@ from pathlib import Path
 
 from labkit import proc
 from labkit.errors import MissingDependencyError, ServerError, ServerTimeoutError
-from labkit.server.process import _set_parent_death_signal
+from labkit.proc import set_parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class HAProxy:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_set_parent_death_signal,
+            preexec_fn=set_parent_death_signal,
         )
         deadline = time.monotonic() + self.startup_timeout_s
         while True:

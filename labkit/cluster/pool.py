@@ -40,9 +40,8 @@ from labkit.cluster.balancer import (
 )
 from labkit.cluster.health import ReadinessEndpoint
 from labkit.errors import ConfigError, LabkitError, ServerError, ServerTimeoutError
-from labkit.proc import free_port
+from labkit.proc import free_port, http_ok
 from labkit.server import TritonServer, recover, stubs, unhealthy
-from labkit.server.process import _http_ok
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class Replica:
             return False, "recover() is restarting its models"
         if not server.running:
             return False, "tritonserver is not running"
-        if not _http_ok(f"http://{server.http_url}/v2/health/ready"):
+        if not http_ok(f"http://{server.http_url}/v2/health/ready"):
             return False, "Triton's /v2/health/ready is not 200"
         try:
             broken = unhealthy(server)

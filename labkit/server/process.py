@@ -13,7 +13,6 @@ Three modes share one interface:
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
 import signal
@@ -21,8 +20,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 import weakref
 from pathlib import Path
@@ -30,7 +27,14 @@ from pathlib import Path
 from tritonclient.utils import InferenceServerException
 
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
-from labkit.proc import check_port_free, free_port, kill_group, tail
+from labkit.proc import (
+    check_port_free,
+    free_port,
+    http_ok,
+    kill_group,
+    set_parent_death_signal,
+    tail,
+)
 from labkit.repository.config import check_name
 from labkit.server.image import require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
@@ -50,14 +54,6 @@ log = logging.getLogger(__name__)
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 MODES = ("local", "docker", "remote")
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
-
-
-def _set_parent_death_signal() -> None:
-    """In the child: receive SIGTERM when the parent dies (Linux), so no server outlives a kernel."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class TritonServer:
@@ -248,7 +244,7 @@ class TritonServer:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal,
+                preexec_fn=set_parent_death_signal,
             )
         except FileNotFoundError as exc:
             self._close_log()
@@ -318,16 +314,16 @@ class TritonServer:
 
     def not_ready(self) -> str | None:
         """The first endpoint or model that is not ready yet, in words; None when all are."""
-        if not _http_ok(f"http://{self.http_url}/v2/health/ready"):
+        if not http_ok(f"http://{self.http_url}/v2/health/ready"):
             return f"HTTP readiness at http://{self.http_url}/v2/health/ready"
         for name in self.load_models:
-            if name != "*" and not _http_ok(f"http://{self.http_url}/v2/models/{name}/ready"):
+            if name != "*" and not http_ok(f"http://{self.http_url}/v2/models/{name}/ready"):
                 return f"model {name!r}"
         if self.mode == "remote":
             return None  # only the HTTP address of a remote server is known
         if not _grpc_ready(self.grpc_url):
             return f"gRPC at {self.grpc_url}"
-        if "--allow-metrics=false" not in self.extra_args and not _http_ok(self.metrics_url):
+        if "--allow-metrics=false" not in self.extra_args and not http_ok(self.metrics_url):
             return f"metrics at {self.metrics_url}"
         return None
 
@@ -444,14 +440,6 @@ class TritonServer:
 
 def _new_container_name() -> str:
     return f"labkit-{uuid.uuid4().hex[:10]}"
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _grpc_ready(address: str) -> bool:
