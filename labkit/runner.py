@@ -359,6 +359,9 @@ def _execute(
         result.error = f"{exc.ename}: {exc.evalue}"
     except Exception as exc:  # noqa: BLE001 (a dead kernel or a timeout fails this notebook only)
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
+        # a timeout or a dead kernel: the cell it happened in is the last one papermill began
+        if output.is_file():
+            result.cell, result.source = _last_started_cell(output)
     result.duration_s = round(time.monotonic() - start, 2)
     if result.cell is not None and output.is_file():
         result.cell = _error_cell(output, result.cell)
@@ -374,6 +377,17 @@ def _execute(
             result.error = f"cannot write {output.with_suffix('.html')}: {exc.strerror or exc}"
             log.error("%s: %s", path.name, result.error)
     return result
+
+
+def _last_started_cell(notebook: Path) -> tuple[int | None, str | None]:
+    """The index and first line of the last cell papermill began, from the metadata it saves."""
+    import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    started = [i for i, c in enumerate(cells) if c.metadata.get("papermill", {}).get("start_time")]
+    if not started:
+        return None, None
+    return started[-1], next(iter(cells[started[-1]].source.strip().splitlines()), "")
 
 
 def _error_cell(notebook: Path, fallback: int) -> int:

@@ -115,6 +115,7 @@ def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
     (result,) = report.results
     assert result.status == "failed"
     assert "timed out" in result.error.lower() or "timeout" in result.error.lower()
+    assert (result.cell, result.source) == (2, "import time"), "the report names the cell that hung"
     # the hour-long sleep was cut short: the cell after it never ran
     cells = nbformat.read(result.output, as_version=4).cells
     after = [c for c in cells if c.source == "print('woke up')"]
