@@ -1,5 +1,5 @@
 """``labkit deploy k8s``: the manifests it writes pass kubernetes-validate (strict, Kubernetes
-1.37's bundled schemas) and check-jsonschema (KServe's InferenceService schema, tests/data/kserve),
+1.37's bundled schemas) and check-jsonschema (the InferenceService schema in labkit/deploy/schemas),
 both offline; the validators themselves reject a wrong field; no secret value is ever written.
 No cluster is contacted: nothing here was applied anywhere."""
 

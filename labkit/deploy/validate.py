@@ -17,12 +17,11 @@ import yaml
 
 from labkit import proc
 from labkit.errors import MissingDependencyError, MissingFileError
-from labkit.settings import project_root
 
 #: The Kubernetes release the core manifests are validated against.
 KUBERNETES_VERSION = "1.37.0"
-#: The InferenceService schema shipped with the tests (see tests/data/kserve/).
-KSERVE_SCHEMA = Path("tests") / "data" / "kserve" / "inferenceservice-v1beta1.schema.json"
+#: The InferenceService schema shipped with labkit (written by scripts/make_kserve_schema.py).
+KSERVE_SCHEMA = Path(__file__).resolve().parent / "schemas" / "inferenceservice-v1beta1.schema.json"
 CRD_KINDS = {"InferenceService"}
 
 
@@ -37,12 +36,12 @@ def _tool(name: str) -> str:
 
 
 def kserve_schema(explicit: str | os.PathLike | None = None) -> Path:
-    """The InferenceService JSON schema: the argument, else the one in the checkout's tests/data."""
-    path = Path(explicit) if explicit else project_root() / KSERVE_SCHEMA
+    """The InferenceService JSON schema: the argument, else the one shipped with labkit."""
+    path = Path(explicit) if explicit else KSERVE_SCHEMA
     if not path.is_file():
         raise MissingFileError(
             f"no KServe InferenceService schema at {str(path)!r}; pass schema= the JSON schema "
-            f"file (the checkout ships {KSERVE_SCHEMA})"
+            f"file (labkit ships one at {KSERVE_SCHEMA})"
         )
     return path
 
