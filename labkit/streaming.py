@@ -214,10 +214,14 @@ def responses(
     """Every response of the stream, empty pieces included, with its arrival time.
 
     ``timeout_s`` bounds the wait for each response; ``batched`` (gRPC only) says whether the
-    model has a batch dimension, asked from the server when None.
+    model has a batch dimension, asked from the server when None. The request says
+    ``"stream": true`` unless ``stream=False`` is passed: an in-flight model (like Triton's vLLM
+    backend) answers per token only when asked, since Triton does not tell a model which endpoint
+    a request came by; the plain decoupled model streams either way.
     """
     if not isinstance(prompt, str):
         raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+    params = {"stream": True, **params}
     if protocol == "http":
         return _http_responses(url, model, prompt, timeout_s, params)
     if protocol == "grpc":

@@ -245,8 +245,10 @@ def test_streamed_pieces_over_http_and_grpc_join_to_the_whole_answer(server, ful
         params = {"return_full_text": full}
         whole = client.generate(server.http_url, "tli", prompt, **params)
         assert whole.text == expected
-        sse = list(streaming.stream(server.http_url, "tli", prompt, stream=True, **params))
+        sse = list(streaming.stream(server.http_url, "tli", prompt, **params))  # asks to stream
         assert "".join(sse) == expected and len(sse) > 1
+        rpc = list(streaming.stream(server.grpc_url, "tli", prompt, "grpc", **params))
+        assert "".join(rpc) == expected and len(rpc) > 1
         pieces = grpc_stream(server, "tli", prompt, stream=True, **params)
         assert "".join(pieces) == expected and len(pieces) > 2
         assert grpc_stream(server, "tli", prompt, **params) == [expected]  # not asked to stream
