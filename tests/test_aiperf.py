@@ -9,6 +9,8 @@ test of the machine's speed.
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 from test_inflight import add_tiny, build_tiny_llama
@@ -95,6 +97,8 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys):
     add_tiny(source, weights, "tl")
     add_tiny(source, weights, "tl_inflight", decoupled=True, inflight_batching=True)
     before = sorted(p.name for p in source.iterdir())
+    temp = Path(tempfile.gettempdir())
+    mmaps_before = set(temp.glob("aiperf_mmap_*")) | set(temp.glob("labkit-aiperf-mmap-*"))
     out = tmp_path / "figures.json"
     code = cli.main(
         [
@@ -135,6 +139,10 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys):
     assert {"inflight_vs_dynamic_output_tokens_per_s_c8_mixed", "inflight_ttft_p99_vs_dynamic_c8_mixed",
             "inflight_served_vs_limit_c8_mixed"} <= set(result["ratios"])  # fmt: skip
     assert result["ratios"]["failed_requests"] == 0
+    mmaps_after = set(temp.glob("aiperf_mmap_*")) | set(temp.glob("labkit-aiperf-mmap-*"))
+    assert mmaps_after <= mmaps_before, (
+        f"AIPerf left its dataset maps: {mmaps_after - mmaps_before}"
+    )
     assert result["answers"]["equal_nonstreaming"] == result["answers"]["compared"] > 0
     assert result["answers"]["equal_streaming"] == result["answers"]["compared"]
     host = result["host"]

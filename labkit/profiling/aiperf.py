@@ -30,6 +30,7 @@ import os
 import random
 import resource
 import shutil
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -272,7 +273,13 @@ def _measure(args: list[str], out: Path, server, timeout_s: float, name: str, le
         shutil.rmtree(out)  # a rerun in the same run folder measures afresh
     before_cpu, before_server = _children_cpu_s(), server_cpu_s(server)
     started = time.monotonic()
-    result = proc.run(args, timeout_s=timeout_s, env=aiperf_environ(), check=False)
+    # AIPerf memory-maps its dataset under aiperf_mmap_<id>/ in the temp folder and leaves it
+    # there (66 such folders were in /tmp after one session); it gets a folder that goes with
+    # the run, and no content cache in ~/.cache, which has no eviction.
+    with tempfile.TemporaryDirectory(prefix="labkit-aiperf-mmap-") as mmap:
+        env = aiperf_environ()
+        env.update(AIPERF_DATASET_MMAP_BASE_PATH=mmap, AIPERF_DATASET_MMAP_CACHE_ENABLED="false")
+        result = proc.run(args, timeout_s=timeout_s, env=env, check=False)
     wall = time.monotonic() - started
     aiperf_cpu, server_cpu = _children_cpu_s() - before_cpu, server_cpu_s(server) - before_server
     out.mkdir(parents=True, exist_ok=True)
