@@ -114,3 +114,25 @@ def http_ok(url: str, timeout_s: float = 2) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+class Addresses:
+    """``http_url`` and ``grpc_url`` (``host:port``, as tritonclient expects them) from the
+    object's ``host`` and ``ports``; a service bound to every interface is reached on loopback."""
+
+    host: str
+    ports: dict[str, int]
+
+    @property
+    def http_url(self) -> str:
+        """``host:port`` of the HTTP endpoint, as tritonclient expects it."""
+        return f"{self.client_host}:{self.ports['http']}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.client_host}:{self.ports['grpc']}"
+
+    @property
+    def client_host(self) -> str:
+        """Where a client on this machine connects: the loopback for a wildcard bind."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host

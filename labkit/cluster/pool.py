@@ -40,7 +40,7 @@ from labkit.cluster.balancer import (
 )
 from labkit.cluster.health import ReadinessEndpoint
 from labkit.errors import ConfigError, LabkitError, ServerError, ServerTimeoutError
-from labkit.proc import free_port, http_ok
+from labkit.proc import Addresses, free_port, http_ok
 from labkit.server import TritonServer, recover, stubs, unhealthy
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Replica:
         return True, "ready"
 
 
-class Cluster:
+class Cluster(Addresses):
     """``replicas`` Triton servers on ``model_repository`` behind HAProxy on ``host``.
 
     ``http_port``/``grpc_port``: the balancer's addresses (0: free ports); ``checks``: how it
@@ -140,16 +140,7 @@ class Cluster:
         self._socket_dir: str | None = None
         self.started_at: float | None = None
 
-    # -- addresses -------------------------------------------------------------------------
-    @property
-    def http_url(self) -> str:
-        """``host:port`` of the balancer's HTTP address, as tritonclient expects it."""
-        return f"{self._client_host}:{self.ports['http']}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self._client_host}:{self.ports['grpc']}"
-
+    # -- addresses (the balancer's http_url and grpc_url come from Addresses) ---------------
     @property
     def metrics_url(self) -> None:
         """None: each replica has its own metrics (``replicas[i].server.metrics_url``)."""
@@ -158,16 +149,12 @@ class Cluster:
     @property
     def lb_metrics_url(self) -> str:
         """HAProxy's own Prometheus metrics (per-server requests, states, check results)."""
-        return f"http://{self._client_host}:{self.ports['stats']}/metrics"
+        return f"http://{self.client_host}:{self.ports['stats']}/metrics"
 
     @property
     def stats_url(self) -> str:
         """HAProxy's statistics page (one row per replica, refreshed every second)."""
-        return f"http://{self._client_host}:{self.ports['stats']}/stats"
-
-    @property
-    def _client_host(self) -> str:
-        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{self.client_host}:{self.ports['stats']}/stats"
 
     @property
     def running(self) -> bool:
@@ -226,7 +213,7 @@ class Cluster:
 
     def _start_balancer(self) -> None:
         for kind, port in self._requested.items():
-            self.ports[kind] = port or free_port(self._client_host)
+            self.ports[kind] = port or free_port(self.client_host)
         self._socket_dir = tempfile.mkdtemp(prefix="labkit-lb-")  # a unix socket path is short
         socket_path = Path(self._socket_dir) / "admin.sock"
         targets = [

@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
 from labkit.proc import (
+    Addresses,
     check_port_free,
     free_port,
     http_ok,
@@ -56,7 +57,7 @@ MODES = ("local", "docker", "remote")
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
 
 
-class TritonServer:
+class TritonServer(Addresses):
     """A Triton server this object owns (local, docker) or attaches to (remote).
 
     >>> with TritonServer("model_repository", http_port=0) as server:
@@ -116,23 +117,10 @@ class TritonServer:
                 "pass model_repository= a folder of models (see model_repository/ in the lab)"
             )
 
-    # -- addresses -------------------------------------------------------------------------
-    @property
-    def http_url(self) -> str:
-        """``host:port`` of the HTTP endpoint, as tritonclient expects it."""
-        return f"{self._client_host}:{self.ports['http']}"
-
-    @property
-    def grpc_url(self) -> str:
-        return f"{self._client_host}:{self.ports['grpc']}"
-
+    # -- addresses (http_url and grpc_url come from Addresses) -----------------------------
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._client_host}:{self.ports['metrics']}/metrics"
-
-    @property
-    def _client_host(self) -> str:
-        return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{self.client_host}:{self.ports['metrics']}/metrics"
 
     @property
     def pid(self) -> int | None:
