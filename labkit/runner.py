@@ -383,7 +383,10 @@ def _last_started_cell(notebook: Path) -> tuple[int | None, str | None]:
     """The index and first line of the last cell papermill began, from the metadata it saves."""
     import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
-    cells = nbformat.read(notebook, as_version=4).cells
+    try:
+        cells = nbformat.read(notebook, as_version=4).cells
+    except (OSError, ValueError):  # cut short (a full disk): the error says what happened
+        return None, None
     started = [i for i, c in enumerate(cells) if c.metadata.get("papermill", {}).get("start_time")]
     if not started:
         return None, None
