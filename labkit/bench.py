@@ -153,7 +153,8 @@ def _measure(
 
 
 def _input_name(server: TritonServer, model: str) -> str:
-    inputs = server.client().get_model_metadata(model).get("inputs", [])
+    with server.client() as client:
+        inputs = client.get_model_metadata(model).get("inputs", [])
     if len(inputs) != 1:
         raise ConfigError(
             f"the batching benchmark sends one text input, but {model!r} has "

@@ -142,7 +142,8 @@ def server_memory(pid: int) -> int:
 
 def _perf_analyzer(server, settings: SoakSettings, run_dir: Path) -> dict:
     """A perf_analyzer load of three windows, whatever their spread: a soak, not a sweep."""
-    config = server.client().get_model_config(settings.model)
+    with server.client() as client:
+        config = client.get_model_config(settings.model)
     try:
         frame = profiling.perf_analyzer(
             server,

@@ -179,6 +179,23 @@ def test_model_that_fails_to_load_is_reported_with_the_log_tail(tmp_path, start_
 
 
 @pytest.mark.integration
+def test_a_refused_load_leaves_no_connection_open_that_would_hold_up_stop(echo_repo, start_server):
+    """Triton's shutdown waits its whole exit timeout for open HTTP connections. A refused
+    load's exception kept labkit's client, and so its connection, alive: stop() took 10.2 s."""
+    write_model(echo_repo, "broken", model_py="raise RuntimeError('weights are missing')\n")
+    server = start_server(echo_repo, load_models=["echo"])
+    with pytest.raises(ServerError, match="weights are missing") as refused:
+        server.load_model("broken")
+    port = server.ports["http"]
+    open_to_server = [
+        c
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+    ]
+    assert refused.value is not None and open_to_server == []
+
+
+@pytest.mark.integration
 def test_killed_parent_leaves_no_server(echo_repo, tmp_path):
     script = textwrap.dedent(f"""
         import time

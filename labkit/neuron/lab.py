@@ -178,7 +178,8 @@ def infer(
         t = httpclient.InferInput(name, list(value.shape), "INT64")
         t.set_data_from_numpy(value)
         tensors.append(t)
-    result = server.client().infer(model, tensors)
+    with server.client() as client:
+        result = client.infer(model, tensors)
     return [result.as_numpy(name) for name in outputs]
 
 

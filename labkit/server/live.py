@@ -59,7 +59,8 @@ def served_config(server: TritonServer, name: str) -> dict:
     """The configuration the server reports for a loaded model (``/v2/models/<name>/config``)."""
 
     try:
-        return server.client().get_model_config(check_name(name))
+        with server.client() as client:
+            return client.get_model_config(check_name(name))
     except InferenceServerException as exc:
         raise ServerError(f"Triton has no configuration for {name!r}: {exc.message()}") from exc
 
@@ -247,7 +248,8 @@ def unhealthy(server: TritonServer) -> dict[str, str]:
         name = row.get("name", "")
         if row.get("state") != "READY":
             continue
-        config = server.client().get_model_config(name)
+        with server.client() as client:
+            config = client.get_model_config(name)
         if config.get("backend") != "python":
             continue
         expected, running = _instance_count(config), len(live.get(name, []))

@@ -397,7 +397,9 @@ class TritonServer(Addresses):
 
     # -- live model control (explicit mode) ------------------------------------------------
     def client(self):
-        """A ``tritonclient.http.InferenceServerClient`` for this server."""
+        """A ``tritonclient.http.InferenceServerClient`` for this server; use it in a ``with``:
+        Triton's shutdown waits its whole exit timeout (10 s) for any HTTP connection still open,
+        and an exception's traceback keeps an unclosed client's connection alive."""
         import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
         return httpclient.InferenceServerClient(self.http_url, network_timeout=600.0)
@@ -406,7 +408,8 @@ class TritonServer(Addresses):
         """Load (or reload) ``name``; raises with Triton's reason when it fails."""
 
         try:
-            self.client().load_model(check_name(name), config=config)
+            with self.client() as client:
+                client.load_model(check_name(name), config=config)
         except InferenceServerException as exc:
             raise ServerError(
                 f"Triton could not load model {name!r}: {redact(exc.message())}"
@@ -415,7 +418,8 @@ class TritonServer(Addresses):
     def unload_model(self, name: str) -> None:
 
         try:
-            self.client().unload_model(check_name(name))
+            with self.client() as client:
+                client.unload_model(check_name(name))
         except InferenceServerException as exc:
             raise ServerError(
                 f"Triton could not unload model {name!r}: {redact(exc.message())}"
@@ -423,7 +427,8 @@ class TritonServer(Addresses):
 
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
-        return self.client().get_model_repository_index()
+        with self.client() as client:
+            return client.get_model_repository_index()
 
 
 def _new_container_name() -> str:
