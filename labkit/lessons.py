@@ -8,6 +8,7 @@ within the measured noise is called so, never a win.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -21,6 +22,8 @@ TUTORIAL_ON = {4: 31.8264, 8: 46.2105, 16: 53.6549}  # infer/s, dynamic_batching
 #: The tutorial's Model Analyzer summary: best config and the default, infer/s.
 TUTORIAL_ANALYZER = {"winner": "3 instances, max batch 16", "winner_infer_s": 71.944}
 TUTORIAL_ANALYZER_DEFAULT = 63.9384
+#: The throughput ratio below which a conclusion does not call batching a gain.
+GAIN = 1.2
 
 
 @dataclass
@@ -93,12 +96,18 @@ def batching(
         f"and Triton executed {batch:.1f} requests per call on average.",
     ]
     if tutorial:
+        same = (
+            "The lesson is the same here: a batch of prompts costs little more than one, so "
+            "serving them together multiplies throughput."
+            if ratio >= GAIN
+            else f"Here batching gained x{ratio:.2f} only: on this machine a batch cost nearly "
+            "as much as its requests one by one, or the measurement was noisy (see below)."
+        )
         lines.append(
             f"The tutorial ({TUTORIAL_HARDWARE}) measured {TUTORIAL_OFF[1]:.1f} infer/s at "
             f"concurrency 1 without batching and {tutorial:.1f} with it at concurrency {c} "
             f"(x{tutorial / TUTORIAL_OFF[1]:.2f}); at 16, {TUTORIAL_ON[16]:.1f}: its "
-            '"nearly triple". The lesson is the same on this CPU: a batch of prompts costs '
-            "little more than one, so serving them together multiplies throughput."
+            f'"nearly triple". {same}'
         )
     if delayed is not None and c in set(delayed["concurrency"]):
         d_ratio = _at(delayed, c, "throughput") / _at(off, c, "throughput")
@@ -134,13 +143,24 @@ def noise_band(runs: list[float]) -> float:
     return (max(runs) - min(runs)) / mean if mean else math.inf
 
 
-def confirm_winner(default: pd.DataFrame, winner: pd.DataFrame, name: str) -> Conclusion:
+def confirm_winner(
+    default: pd.DataFrame,
+    winner: pd.DataFrame,
+    name: str,
+    *,
+    instances: tuple[int, int] | None = None,
+    threads: int | None = None,
+    cores: int | None = None,
+) -> Conclusion:
     """Is the search's winner better than the default, beyond the noise?
 
     ``default`` and ``winner`` hold repeated perf_analyzer measurements (a ``repeat`` column)
     at one or more concurrencies. The noise band at a level is the larger spread of the two
     configurations' repeats; the winner is called better only where its mean throughput beats
     the default's by more than that band, and slower only where it trails by more.
+    ``instances`` (the default's and the winner's instance counts), ``threads`` (torch threads
+    per instance) and ``cores`` (this machine's, by default) let the words say how many cores
+    each configuration kept busy: on a CPU, that is what extra instances change.
     """
     rows = []
     for c in sorted(set(default["concurrency"]) & set(winner["concurrency"])):
@@ -185,8 +205,27 @@ def confirm_winner(default: pd.DataFrame, winner: pd.DataFrame, name: str) -> Co
         f"is {overall}. The tutorial's search on an A6000 found "
         f"{TUTORIAL_ANALYZER['winner']} at {TUTORIAL_ANALYZER['winner_infer_s']:.1f} infer/s "
         f"against {TUTORIAL_ANALYZER_DEFAULT:.1f} for its default (+"
-        f"{TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT - 1:.0%}); on 2 shared "
-        "CPU cores extra instances compete for the same cores, so a smaller gain, or none, is the "
-        "expected result here."
+        f"{TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT - 1:.0%}). "
+        + _cores_used(instances, threads, cores or os.cpu_count() or 1)
     )
     return Conclusion(table, figures, text)
+
+
+def _cores_used(instances: tuple[int, int] | None, threads: int | None, cores: int) -> str:
+    """What instance counts mean on a CPU: how many cores each configuration can keep busy."""
+    if not instances or not threads:
+        return (
+            "On a CPU, an extra instance gains only by putting cores to work that the others "
+            "left idle; where every core is already busy, instances compete for them."
+        )
+    (d, w), t = instances, threads
+    used_d, used_w = min(d * t, cores), min(w * t, cores)
+    said = (
+        f"Here each instance runs {t} torch thread(s): the default's {d} instance(s) can keep "
+        f"{used_d} of the {cores} cores busy, the winner's {w} can keep {used_w}."
+    )
+    if used_w > used_d:
+        return f"{said} Its extra instances put idle cores to work, which a GPU does not need."
+    if used_w < used_d:
+        return f"{said} It keeps fewer cores busy, so whatever it gains comes from batching."
+    return f"{said} Both keep the same cores busy: instances alone cannot gain here."

@@ -376,6 +376,16 @@ def best_config(result: AnalyzerResult, p99_budget_ms: float | None = None) -> s
     return str(frame.loc[frame["throughput"].idxmax(), "config"])
 
 
+def instance_counts(result: AnalyzerResult, variant: str) -> tuple[int, int]:
+    """The instance counts of the search's default configuration and of ``variant``."""
+    if variant not in result.configs:
+        raise ConfigError(
+            f"unknown configuration {variant!r}; measured: {', '.join(result.configs)}"
+        )
+    default = [v for n, v in result.configs.items() if n.endswith("_config_default")]
+    return (default[0]["instances"] if default else 1), result.configs[variant]["instances"]
+
+
 def apply_config(result: AnalyzerResult, variant: str, server, model: str) -> str:
     """Write ``variant``'s configuration as ``model``'s in the server's repository and reload it
     live; returns the diff. Confirm with :func:`labkit.profiling.perf_analyzer` before and after."""

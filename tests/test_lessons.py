@@ -1,0 +1,101 @@
+"""The conclusions notebooks 03 and 04 print: their figures come from the measurements given, and
+their words follow those figures (a loss is never called a gain, a tie never a win)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from labkit import lessons
+from labkit.errors import ConfigError
+
+
+def sweep(throughputs: dict[int, float], p99: dict[int, float], batch: float = 1.0, **extra):
+    rows = [
+        {
+            "concurrency": c,
+            "throughput": t,
+            "p95_ms": p99[c] * 0.9,
+            "p99_ms": p99[c],
+            "avg_batch_size": batch,
+            "stable": True,
+            **extra,
+        }
+        for c, t in throughputs.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_batching_figures_are_taken_at_the_highest_shared_level():
+    off = sweep({1: 2.0, 8: 2.5}, {1: 500, 8: 3000})
+    on = sweep({1: 2.0, 8: 8.0}, {1: 520, 8: 1200}, batch=5.0)
+    delayed = sweep({8: 10.0}, {8: 1000}, batch=8.0)
+    conclusion = lessons.batching(off, on, delayed)
+    assert conclusion.figures == {
+        "throughput_ratio_c8": 3.2,
+        "p99_ratio_c8": 0.4,
+        "avg_batch_size_c8": 5.0,
+        "delayed_throughput_ratio_c8": 4.0,
+        "delayed_avg_batch_size_c8": 8.0,
+    }
+    assert "x3.20" in conclusion.text and "The lesson is the same here" in conclusion.text
+    assert list(conclusion.table["concurrency"]) == [1, 8]
+
+
+def test_batching_that_did_not_pay_is_not_called_the_tutorials_lesson():
+    off = sweep({8: 4.0}, {8: 2000})
+    on = sweep({8: 4.2}, {8: 2100}, batch=1.3)
+    conclusion = lessons.batching(off, on)
+    assert conclusion.figures["throughput_ratio_c8"] == 1.05
+    assert "The lesson is the same" not in conclusion.text
+    assert "gained x1.05 only" in conclusion.text
+
+
+def test_batching_names_the_measurements_that_did_not_settle():
+    off = sweep({8: 4.0}, {8: 2000})
+    on = sweep({8: 12.0}, {8: 900}, batch=6.0).assign(stable=[False])
+    assert "on at 8" in lessons.batching(off, on).text
+
+
+def test_sweeps_with_no_common_level_are_refused():
+    with pytest.raises(ConfigError, match="share no concurrency"):
+        lessons.batching(sweep({1: 1.0}, {1: 1}), sweep({8: 1.0}, {8: 1}))
+
+
+def repeats(name: str, per_level: dict[int, list[float]]) -> pd.DataFrame:
+    rows = [
+        {"config": name, "concurrency": c, "repeat": i, "throughput": t}
+        for c, runs in per_level.items()
+        for i, t in enumerate(runs)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_a_winner_beyond_the_noise_is_better_and_the_words_count_busy_cores():
+    default = repeats("default", {2: [4.0, 4.2], 4: [5.5, 5.6]})
+    winner = repeats("w", {2: [7.7, 7.8], 4: [9.2, 9.3]})
+    conclusion = lessons.confirm_winner(default, winner, "w", instances=(1, 2), threads=1, cores=2)
+    assert conclusion.figures["verdict"] == "better"
+    assert conclusion.figures["noise_band"] == pytest.approx(0.049, abs=0.001)
+    assert "can keep 1 of the 2 cores busy, the winner's 2 can keep 2" in conclusion.text
+    assert "put idle cores to work" in conclusion.text
+    assert "compete" not in conclusion.text
+
+
+def test_a_winner_within_the_noise_is_not_called_better():
+    default = repeats("default", {4: [5.0, 6.0]})
+    winner = repeats("w", {4: [5.4, 6.2]})
+    conclusion = lessons.confirm_winner(default, winner, "w", instances=(2, 2), threads=1, cores=2)
+    assert conclusion.figures["verdict"] == "not better beyond the noise"
+    assert "instances alone cannot gain here" in conclusion.text
+
+
+def test_a_winner_that_trails_beyond_the_noise_is_called_slower():
+    default = repeats("default", {4: [6.0, 6.1]})
+    winner = repeats("w", {4: [4.0, 4.1]})
+    assert lessons.confirm_winner(default, winner, "w").figures["verdict"] == "slower"
+
+
+def test_one_measurement_per_configuration_gives_no_noise_band():
+    with pytest.raises(ConfigError, match="two or more"):
+        lessons.confirm_winner(repeats("d", {4: [5.0]}), repeats("w", {4: [6.0]}), "w")
