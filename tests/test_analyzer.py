@@ -89,3 +89,11 @@ def test_a_run_past_its_bound_leaves_no_process_behind(tmp_path):
         analyzer.model_analyzer(tmp_path / "repo", run, settings, timeout_s=BOUND_S, progress=False)
     assert (run / "tritonserver.pids").is_file(), "the bound passed before a server started"
     assert analyzer.leftover_servers(run) == []
+    # it was told to stop at once, not left to finish a measurement that never ends
+    assert "Saving state and exiting immediately" in (run / "model-analyzer.log").read_text()
+
+
+def test_the_interrupts_that_stop_model_analyzer_at_once_are_its_own_count():
+    from model_analyzer.constants import MAX_NUMBER_OF_INTERRUPTS
+
+    assert analyzer.INTERRUPTS_TO_EXIT_NOW == MAX_NUMBER_OF_INTERRUPTS

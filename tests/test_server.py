@@ -196,6 +196,37 @@ def test_a_refused_load_leaves_no_connection_open_that_would_hold_up_stop(echo_r
 
 
 @pytest.mark.integration
+def test_stop_after_a_failed_reload_does_not_wait_for_the_version_that_never_loaded(
+    echo_repo, start_server, caplog
+):
+    """Triton 2.51 counts a version whose reload failed as a live model that never unloads, and
+    its shutdown waited its whole 10 s exit timeout for it. stop() ends the wait once the log
+    shows every version the server held unloaded, and still stops everything."""
+    server = start_server(echo_repo, load_models=["echo"])
+    (echo_repo / "echo" / "1" / "model.py").write_text("raise RuntimeError('new weights corrupt')\n")
+    with pytest.raises(ServerError, match="new weights corrupt"):
+        server.load_model("echo")
+    assert server.model_index()[0]["state"] == "READY"  # the old version still serves
+    pgid = server.pid
+    with caplog.at_level("DEBUG", logger="labkit.server.process"):
+        server.stop()
+    assert "waits only for versions that never loaded" in caplog.text
+    assert "successfully unloaded 'echo' version 1" in server.log_path.read_text()
+    assert group_alive(pgid) == []
+
+
+@pytest.mark.integration
+def test_stop_of_a_server_without_a_failed_load_lets_triton_exit_by_itself(
+    echo_repo, start_server, caplog
+):
+    server = start_server(echo_repo, load_models=["echo"])
+    with caplog.at_level("DEBUG", logger="labkit.server.process"):
+        server.stop()
+    assert "waits only for versions" not in caplog.text
+    assert "Found 0 live models" in server.log_path.read_text()
+
+
+@pytest.mark.integration
 def test_killed_parent_leaves_no_server(echo_repo, tmp_path):
     script = textwrap.dedent(f"""
         import time

@@ -276,10 +276,19 @@ def _follow(process: subprocess.Popen, log_path: Path, timeout_s: float, progres
             time.sleep(1.0)
 
 
+#: model_analyzer.constants.MAX_NUMBER_OF_INTERRUPTS in 1.58.
+INTERRUPTS_TO_EXIT_NOW = 3
+
+
 def _end_everything(process: subprocess.Popen, run_dir: Path) -> None:
     """Stop Model Analyzer's process group and every server the wrapper recorded."""
     if process.poll() is None:
-        kill_group(process.pid, signal.SIGINT)  # Model Analyzer stops its server on SIGINT
+        # At its first SIGINT Model Analyzer waits for the measurement under way to end (a cut-short
+        # search waited its whole 30 s grace here); at its third it saves its checkpoint, stops
+        # its server (SIGTERM, then SIGKILL after 5 s) and exits.
+        for _ in range(INTERRUPTS_TO_EXIT_NOW):
+            kill_group(process.pid, signal.SIGINT)
+            time.sleep(0.2)
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -353,13 +354,13 @@ class TritonServer(Addresses):
         regions = sorted(self._shm_regions.union(_shm_regions(process.pid)))
         self._shm_regions = set()
         if process.poll() is None:
+            loaded = self._loaded_versions()
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             try:
                 os.killpg(process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            try:
-                process.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
+            if not _wait_exit(process, self.log_path, log_start, loaded, self.stop_timeout_s):
                 log.warning(
                     "tritonserver did not stop within %s s; killing it", self.stop_timeout_s
                 )
@@ -370,6 +371,22 @@ class TritonServer(Addresses):
         self._drain_log()
         self._close_log()
         _LIVE.discard(self)
+
+    def _loaded_versions(self) -> set[tuple[str, str]] | None:
+        """(name, version) of every model the server holds now, or None when it does not say.
+
+        Asked just before SIGTERM (the HTTP endpoint closes at once on it), so that the stop can
+        tell Triton's last real unload from the wait for a version that never loaded."""
+        import tritonclient.http as httpclient  # noqa: PLC0415 (see client())
+
+        try:
+            with httpclient.InferenceServerClient(
+                self.http_url, connection_timeout=2.0, network_timeout=2.0
+            ) as client:
+                index = client.get_model_repository_index()
+        except Exception:  # noqa: BLE001 (a wedged or dying server: stop waits Triton's own timeout)
+            return None
+        return {(m["name"], m["version"]) for m in index if m.get("state") in _HELD_STATES}
 
     def _drain_log(self) -> None:
         """Let the log filter write what the server printed last (its pipe ends with the server)."""
@@ -471,6 +488,56 @@ def _copy_redacted(stream, sink, secrets: list[bytes]) -> None:
         pass
     finally:
         stream.close()
+
+
+#: Index states of a version the server holds, and so unloads on its way out.
+_HELD_STATES = {"READY", "LOADING", "UNLOADING"}
+_UNLOADED = re.compile(rb"successfully unloaded '([^']+)' version (\d+)")
+_LIVE_COUNT = re.compile(rb"Found (\d+) live models")
+
+
+def _wait_exit(
+    process: subprocess.Popen,
+    log_path: Path,
+    log_start: int,
+    loaded: set[tuple[str, str]] | None,
+    timeout_s: float,
+) -> bool:
+    """Wait (bounded) for a SIGTERMed tritonserver to exit; False when it had not.
+
+    Triton 2.51 counts a version whose reload failed as a live model that never unloads, so its
+    shutdown waits its whole exit timeout (10 s) for nothing. Once the log shows every version it
+    held (``loaded``) unloaded and Triton still counting live models after that, only such
+    versions are left: the wait ends there and the caller kills the process group."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            process.wait(timeout=0.2)
+            return True
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        if loaded is not None and _only_failed_versions_left(log_path, log_start, loaded):
+            log.debug("tritonserver waits only for versions that never loaded; ending it")
+            return True
+
+
+def _only_failed_versions_left(path: Path, start: int, loaded: set[tuple[str, str]]) -> bool:
+    """Whether the log since ``start`` has every version of ``loaded`` unloaded, then a live-model
+    count above zero."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read()
+    except OSError:
+        return False
+    unloaded = {(m[1].decode(), m[2].decode()) for m in _UNLOADED.finditer(text)}
+    if not loaded <= unloaded:
+        return False
+    last_unload = max((m.end() for m in _UNLOADED.finditer(text)), default=0)
+    counts = [int(m[1]) for m in _LIVE_COUNT.finditer(text, last_unload)]
+    return bool(counts) and counts[-1] > 0
 
 
 def _wait_group_gone(pgid: int, timeout_s: float) -> None:
