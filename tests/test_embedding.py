@@ -114,8 +114,11 @@ def test_invalid_utf8_is_refused_by_name_and_the_model_keeps_serving(server):
     data = np.array([[b"\xff\xfe bad"]], dtype=object)
     tensor = httpclient.InferInput("text_input", [1, 1], "BYTES")
     tensor.set_data_from_numpy(data)
-    with pytest.raises(InferenceServerException, match="not valid UTF-8"):
-        server.client().infer("minilm", [tensor])
+    with (
+        server.client() as client,
+        pytest.raises(InferenceServerException, match="not valid UTF-8"),
+    ):
+        client.infer("minilm", [tensor])
     with pytest.raises(InferenceError, match="unknown model|not found"):
         embedding.served_embed(server, ["hi"], model="no_such_model")
     np.testing.assert_allclose(

@@ -248,7 +248,8 @@ def test_docker_mode_runs_exactly_the_printed_command_with_a_fake_docker(
     try:
         server.start()
         assert server.command == server.docker_command()  # what notebook 01 prints
-        assert server.client().is_model_ready("echo")
+        with server.client() as client:
+            assert client.is_model_ready("echo")
     finally:
         server.stop()
     ran = [c for c in calls() if c[0] == "run" and "--entrypoint" not in c]

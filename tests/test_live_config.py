@@ -92,7 +92,8 @@ def as_found(server):
 def infer(server: TritonServer, model: str, x: np.ndarray) -> np.ndarray:
     tensor = httpclient.InferInput("x", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x.astype(np.float32))
-    return server.client().infer(model, [tensor]).as_numpy("y")
+    with server.client() as client:
+        return client.infer(model, [tensor]).as_numpy("y")
 
 
 def test_index_shows_two_models_ready_at_once(server):

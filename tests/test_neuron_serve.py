@@ -182,8 +182,8 @@ def concurrent_requests(server, model: str, count: int = 24):
     ]
 
     def one(case):
-        client = httpclient.InferenceServerClient(server.http_url)
-        return infer(client, model, case[0].astype(np.int64), case[1].astype(np.int64))
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            return infer(client, model, case[0].astype(np.int64), case[1].astype(np.int64))
 
     with ThreadPoolExecutor(max_workers=count) as pool:
         return cases, list(pool.map(one, cases))
@@ -203,7 +203,8 @@ def test_dynamic_batching_joins_requests_into_one_call(served):
     cases = [tuple(rng.integers(-100, 100, (2, 1, 4))) for _ in range(JOIN_BATCH)]
 
     def one(case):
-        return infer(httpclient.InferenceServerClient(server.http_url), "qa_join", *case)
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            return infer(client, "qa_join", *case)
 
     results, counts = sent_together(server, "qa_join", one, cases)
     for (a, b), (total, diff) in zip(cases, results, strict=True):

@@ -376,17 +376,21 @@ class TritonServer(Addresses):
         """(name, version) of every model the server holds now, or None when it does not say.
 
         Asked just before SIGTERM (the HTTP endpoint closes at once on it), so that the stop can
-        tell Triton's last real unload from the wait for a version that never loaded."""
-        import tritonclient.http as httpclient  # noqa: PLC0415 (see client())
+        tell Triton's last real unload from the wait for a version that never loaded. Asked over
+        gRPC: Triton's shutdown waits a second for any HTTP connection it still counts, and one
+        just closed can still be counted."""
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415 (see _grpc_ready)
 
         try:
-            with httpclient.InferenceServerClient(
-                self.http_url, connection_timeout=2.0, network_timeout=2.0
-            ) as client:
-                index = client.get_model_repository_index()
-        except Exception:  # noqa: BLE001 (a wedged or dying server: stop waits Triton's own timeout)
+            with grpcclient.InferenceServerClient(self.grpc_url) as client:
+                index = client.get_model_repository_index(as_json=True, client_timeout=2)
+        except (InferenceServerException, OSError):  # wedged or dying: Triton's own timeout
             return None
-        return {(m["name"], m["version"]) for m in index if m.get("state") in _HELD_STATES}
+        return {
+            (m.get("name"), m.get("version"))
+            for m in index.get("models", [])
+            if m.get("state") in _HELD_STATES
+        }
 
     def _drain_log(self) -> None:
         """Let the log filter write what the server printed last (its pipe ends with the server)."""
