@@ -65,6 +65,29 @@ def write_python_model(repo, name, model_py, config=TEXT_MODEL_CONFIG):
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(model_py))
 
 
+# -- a throwaway notebook ---------------------------------------------------------------------
+def write_notebook(path: Path, *cells: str, parameters: str | None = None) -> Path:
+    """A python3 notebook of code ``cells``; with ``parameters``, a markdown title and a cell
+    tagged ``parameters`` come first, as in the shipped notebooks."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    head = []
+    if parameters is not None:
+        head = [
+            new_markdown_cell("# a throwaway notebook"),
+            new_code_cell(parameters, metadata={"tags": ["parameters"]}),
+        ]
+    nb = new_notebook(cells=[*head, *[new_code_cell(c) for c in cells]])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
 # -- a model whose every execute costs a fixed time ------------------------------------------
 SLEEPY_MODEL = textwrap.dedent(
     '''

@@ -22,12 +22,10 @@ import time
 import uuid
 from pathlib import Path
 
-import nbformat
 import psutil
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
 
-from conftest import group_alive, wait_for, write_python_model
+from conftest import group_alive, wait_for, write_notebook, write_python_model
 from labkit import repository
 from labkit.cli import main
 from labkit.errors import ServerError
@@ -221,17 +219,6 @@ def mounted(tmp_path):
     yield mount
     for point in points:
         subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
-
-
-def write_notebook(path: Path, *cells: str) -> Path:
-    nb = new_notebook(cells=[new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-    return path
 
 
 def test_a_read_only_run_folder_is_a_clear_error_before_any_notebook_runs(

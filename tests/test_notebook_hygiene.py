@@ -8,23 +8,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import nbformat
 import pytest
+
+from conftest import write_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 (ROOT / "test-artifacts").mkdir(exist_ok=True)
-
-
-def notebook(path: Path, *sources: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-    return path
 
 
 @pytest.mark.notebook
@@ -32,8 +21,10 @@ def test_a_notebook_that_writes_to_stderr_fails_and_a_clean_one_passes():
     # Inside the checkout (test-artifacts/ is gitignored), so that ../conftest.py applies.
     folder = Path(tempfile.mkdtemp(prefix="hygiene-", dir=ROOT / "test-artifacts"))
     try:
-        notebook(folder / "noisy.ipynb", "print('fine')", "import sys; sys.stderr.write('red\\n')")
-        notebook(folder / "clean.ipynb", "print('fine')")
+        write_notebook(
+            folder / "noisy.ipynb", "print('fine')", "import sys; sys.stderr.write('red\\n')"
+        )
+        write_notebook(folder / "clean.ipynb", "print('fine')")
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(folder)],
             capture_output=True,

@@ -10,30 +10,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from conftest import write_notebook
 from labkit import runner
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingFileError
 
 CELL_TIMEOUT_S = 60
-
-
-def write_notebook(path: Path, parameters: str, *cells: str) -> Path:
-    nb = new_notebook(
-        cells=[
-            new_markdown_cell("# a throwaway notebook"),
-            new_code_cell(parameters, metadata={"tags": ["parameters"]}),
-            *[new_code_cell(c) for c in cells],
-        ]
-    )
-    nb.metadata["kernelspec"] = {
-        "name": "python3",
-        "display_name": "Python 3",
-        "language": "python",
-    }
-    nbformat.write(nb, path)
-    return path
 
 
 @pytest.fixture
@@ -42,19 +25,19 @@ def notebooks(tmp_path: Path) -> Path:
     folder.mkdir()
     write_notebook(
         folder / "01_good.ipynb",
-        "count = 1\nlabel = 'default'\nRUN_DIR = None",
         "import json, sys\nfrom labkit.runner import run_folder\nrun = run_folder(RUN_DIR)",
         "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run)}\n"
         "(run / 'facts.json').write_text(json.dumps(facts))",
         "import plotly.graph_objects as go\n"
         "go.Figure(go.Bar(x=['a', 'b'], y=[count, 7], name='bars-from-the-notebook'))",
+        parameters="count = 1\nlabel = 'default'\nRUN_DIR = None",
     )
     write_notebook(
         folder / "02_bad.ipynb",
-        "divisor = 0",
         "print('before the failure')",
         "ratio = 1 / divisor",
         "print('never reached')",
+        parameters="divisor = 0",
     )
     return folder
 
@@ -110,7 +93,9 @@ def test_a_failing_notebook_is_saved_with_its_cell_and_error_and_the_next_one_st
 
 def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
     sleep = "import time\ntime.sleep(seconds)"
-    nb = write_notebook(tmp_path / "slow.ipynb", "seconds = 3600", sleep, "print('woke up')")
+    nb = write_notebook(
+        tmp_path / "slow.ipynb", sleep, "print('woke up')", parameters="seconds = 3600"
+    )
     report = run([nb], tmp_path / "out", cell_timeout_s=3)
     (result,) = report.results
     assert result.status == "failed"

@@ -203,7 +203,9 @@ def test_stop_after_a_failed_reload_does_not_wait_for_the_version_that_never_loa
     its shutdown waited its whole 10 s exit timeout for it. stop() ends the wait once the log
     shows every version the server held unloaded, and still stops everything."""
     server = start_server(echo_repo, load_models=["echo"])
-    (echo_repo / "echo" / "1" / "model.py").write_text("raise RuntimeError('new weights corrupt')\n")
+    (echo_repo / "echo" / "1" / "model.py").write_text(
+        "raise RuntimeError('new weights corrupt')\n"
+    )
     with pytest.raises(ServerError, match="new weights corrupt"):
         server.load_model("echo")
     assert server.model_index()[0]["state"] == "READY"  # the old version still serves
