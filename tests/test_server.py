@@ -279,7 +279,7 @@ def test_docker_command_always_mounts_a_hugging_face_cache(echo_repo, monkeypatc
     assert f"-v {tmp_path / 'hf'}:/root/.cache/huggingface" in line
 
 
-def test_http_ok_is_true_only_for_a_200(tmp_path):
+def test_http_ok_is_true_only_for_a_200():
     """The readiness probe shared by the server and the replica pool: a 503, a missing path and a
     closed port are all "not ready", never an exception."""
     import http.server
