@@ -22,6 +22,8 @@ def server(tmp_path_factory, start_module_server):
     write_sleepy_model(root / "repo", "sleepy", batching=True)
     write_sleepy_model(root / "repo", "erratic", batching=False)
     (root / "repo" / "erratic" / "1" / "model.py").write_text(ERRATIC_MODEL)
+    write_sleepy_model(root / "repo", "drifting", batching=False)
+    (root / "repo" / "drifting" / "1" / "model.py").write_text(DRIFTING_MODEL)
     return start_module_server(root / "repo")
 
 
@@ -42,6 +44,31 @@ ERRATIC_MODEL = textwrap.dedent(
             responses = []
             for request in requests:
                 time.sleep((0.001, 0.03, 0.9)[next(COUNTER) // 3 % 3])
+                text = pb_utils.get_input_tensor_by_name(request, "text_input")
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text.as_numpy())]))
+            return responses
+    '''
+)
+
+
+DRIFTING_MODEL = textwrap.dedent(
+    '''
+    """Each request takes 0.5 ms longer than the one before (1 ms first): any three consecutive
+    windows of three requests differ in average latency by 4.5 ms, more than 1% of it until the
+    latency passes 450 ms, which takes over 200 s of requests."""
+    import itertools
+    import time
+
+    import triton_python_backend_utils as pb_utils
+
+    COUNTER = itertools.count()
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                time.sleep(0.001 + 0.0005 * next(COUNTER))
                 text = pb_utils.get_input_tensor_by_name(request, "text_input")
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text.as_numpy())]))
             return responses
@@ -185,6 +212,33 @@ def test_a_measurement_unsettled_even_at_1000_percent_is_still_reported_not_rais
     assert "Failed to obtain stable measurement" in unsettled
     assert not frame.loc[0, "stable"]
     assert frame.loc[0, "throughput"] > 0 and frame.loc[0, "p99_ms"] > 100
+
+
+@pytest.mark.integration
+def test_a_measurement_still_settling_at_its_bound_is_measured_once_more_not_raised(
+    server, tmp_path
+):
+    """Notebook 03 failed on a heavily loaded machine: perf_analyzer was still trying to settle at
+    concurrency 8 when its 300 s bound passed. This model cannot settle at 1% within the bound, and
+    its 1000 trials outlast it, so the first run is always stopped there; the run without the rule
+    needs 3 windows (under 2 s)."""
+    frame = profiling.perf_analyzer(
+        server,
+        "drifting",
+        string_data="x",
+        measurement_mode="count_windows",
+        measurement_request_count=3,
+        measurement_interval_ms=1,
+        stability_percentage=1,
+        max_trials=1000,
+        timeout_s=10,
+        progress=False,
+        run_dir=tmp_path,
+    )
+    unsettled = (tmp_path / "drifting-c1.unsettled.log").read_text()
+    assert "ran past its bound of 10 s" in unsettled and "--stability-percentage=1\n" in unsettled
+    assert not frame.loc[0, "stable"]
+    assert frame.loc[0, "throughput"] > 0
 
 
 @pytest.mark.integration

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from labkit import proc
-from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
 from labkit.settings import perf_analyzer_path
 
 log = logging.getLogger(__name__)
@@ -207,8 +207,9 @@ def perf_analyzer(
     perf_analyzer each (so a sweep shows progress and one unstable level does not sink the rest);
     every level's CSV and output stay in ``run_dir``. Latencies are in milliseconds; ``throughput``
     is in inferences per second; ``avg_batch_size`` is the server's inference count over its
-    execution count during the level. A level whose numbers did not settle is measured once more
-    without the stability rule and kept with ``stable=False``.
+    execution count during the level. A level whose numbers did not settle (perf_analyzer gave
+    up, or was still trying at ``timeout_s``) is measured once more without the stability rule,
+    within ``timeout_s`` again, and kept with ``stable=False``.
 
     Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input).
     """
@@ -277,14 +278,20 @@ def _measure(
     csv_path = stem.with_suffix(".raw.csv")
     args = [*base, f"--concurrency-range={level}", "-f", str(csv_path)]
     stable = True
-    result = _run(tool, [*args, f"--stability-percentage={stability:g}"], timeout_s, stem)
-    if result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr:
+    try:
+        result = _run(tool, [*args, f"--stability-percentage={stability:g}"], timeout_s, stem)
+        unsettled = result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr
+        why = f"within {stability:g}%"
+    except ToolTimeoutError as exc:  # still trying to settle at the bound: a loaded machine
+        stem.with_suffix(".log").write_text(f"{exc}\n")
+        unsettled, why = True, f"within {stability:g}% before its bound of {timeout_s:g} s"
+    if unsettled:
         log.warning(
-            "%s at concurrency %d did not settle within %g%%; measuring once more "
+            "%s at concurrency %d did not settle %s; measuring once more "
             "without the stability rule",
             name,
             level,
-            stability,
+            why,
         )
         stable = False
         stem.with_suffix(".log").replace(stem.with_suffix(".unsettled.log"))
