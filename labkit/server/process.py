@@ -507,7 +507,8 @@ def _wait_exit(
     loaded: set[tuple[str, str]] | None,
     timeout_s: float,
 ) -> bool:
-    """Wait (bounded) for a SIGTERMed tritonserver to exit; False when it had not.
+    """Wait (bounded) for a SIGTERMed tritonserver to end its shutdown; False when ``timeout_s``
+    passed first. True means it exited, or it waits only for versions that never loaded.
 
     Triton 2.51 counts a version whose reload failed as a live model that never unloads, so its
     shutdown waits its whole exit timeout (10 s) for nothing. Once the log shows every version it
