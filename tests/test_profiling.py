@@ -14,6 +14,14 @@ from labkit.errors import ConfigError, MissingDependencyError, ToolError
 from labkit.profiling import perf
 
 FAST = dict(measurement_interval_ms=1000, stability_percentage=50, max_trials=6, progress=False)
+#: Windows of three requests, as short as perf_analyzer allows: for the models that cannot settle.
+TINY_WINDOWS = dict(
+    string_data="x",
+    measurement_mode="count_windows",
+    measurement_request_count=3,
+    measurement_interval_ms=1,
+    progress=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +61,9 @@ ERRATIC_MODEL = textwrap.dedent(
 
 DRIFTING_MODEL = textwrap.dedent(
     '''
-    """Each request takes 0.5 ms longer than the one before (1 ms first): any three consecutive
-    windows of three requests differ in average latency by 4.5 ms, more than 1% of it until the
-    latency passes 450 ms, which takes over 200 s of requests."""
+    """Each request takes 0.5 ms longer than the one before (1 ms first): the first and last of
+    any three consecutive windows of three requests differ in average latency by 3 ms, more than
+    1% of it until the latency passes 300 ms, which takes about 90 s of requests."""
     import itertools
     import time
 
@@ -198,14 +206,10 @@ def test_a_measurement_unsettled_even_at_1000_percent_is_still_reported_not_rais
     frame = profiling.perf_analyzer(
         server,
         "erratic",
-        string_data="x",
-        measurement_mode="count_windows",
-        measurement_request_count=3,
-        measurement_interval_ms=1,
         stability_percentage=1000,
         max_trials=3,
-        progress=False,
         run_dir=tmp_path,
+        **TINY_WINDOWS,
     )
     unsettled = (tmp_path / "erratic-c1.unsettled.log").read_text()
     assert "--stability-percentage=1000\n" in unsettled and "# status 2" in unsettled
@@ -225,15 +229,11 @@ def test_a_measurement_still_settling_at_its_bound_is_measured_once_more_not_rai
     frame = profiling.perf_analyzer(
         server,
         "drifting",
-        string_data="x",
-        measurement_mode="count_windows",
-        measurement_request_count=3,
-        measurement_interval_ms=1,
         stability_percentage=1,
         max_trials=1000,
         timeout_s=10,
-        progress=False,
         run_dir=tmp_path,
+        **TINY_WINDOWS,
     )
     unsettled = (tmp_path / "drifting-c1.unsettled.log").read_text()
     assert "ran past its bound of 10 s" in unsettled and "--stability-percentage=1\n" in unsettled

@@ -537,10 +537,10 @@ def _only_failed_versions_left(path: Path, start: int, loaded: set[tuple[str, st
             text = f.read()
     except OSError:
         return False
-    unloaded = {(m[1].decode(), m[2].decode()) for m in _UNLOADED.finditer(text)}
-    if not loaded <= unloaded:
+    unloads = list(_UNLOADED.finditer(text))
+    if not loaded <= {(m[1].decode(), m[2].decode()) for m in unloads}:
         return False
-    last_unload = max((m.end() for m in _UNLOADED.finditer(text)), default=0)
+    last_unload = unloads[-1].end() if unloads else 0
     counts = [int(m[1]) for m in _LIVE_COUNT.finditer(text, last_unload)]
     return bool(counts) and counts[-1] > 0
 
