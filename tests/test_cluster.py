@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import write_python_model
+from conftest import wait_for, write_python_model
 from labkit import client, profiling
 from labkit.cluster import REPLICA_HEADER, Checks, Cluster, failover, locate_haproxy, render_config
 from labkit.cluster.balancer import Target
@@ -91,15 +90,6 @@ def post_infer(url: str, text: str = "hi") -> tuple[int, str, str]:
             return response.status, response.headers.get(REPLICA_HEADER, ""), ""
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get(REPLICA_HEADER, ""), exc.read().decode()
-
-
-def wait_until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(0.05)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +202,7 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     cluster.wait_ready(60)
     replica = cluster.replica(0)
     cluster.kill(0, "stub")
-    wait_until(lambda: "r0" not in cluster.in_pool(), 10, "r0 leaving the pool")
+    wait_for(lambda: "r0" not in cluster.in_pool(), 10, "r0 leaving the pool")
     row = cluster.pool().set_index("replica").loc["r0"]
     assert row["lb_status"].startswith("DOWN")
     assert "0 of 1 Python stub processes alive" in row["readiness"]
@@ -223,8 +213,8 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     assert status == 500 and "is not healthy" in error
     assert {post_infer(cluster.http_url)[:2] for _ in range(6)} == {(200, "r1")}
     assert cluster.recover(0) == ["echo"]
-    wait_until(lambda: "r0" in cluster.in_pool(), 30, "r0 rejoining the pool")
-    wait_until(lambda: post_infer(cluster.http_url)[1] == "r0", 10, "r0 answering again")
+    wait_for(lambda: "r0" in cluster.in_pool(), 30, "r0 rejoining the pool")
+    wait_for(lambda: post_infer(cluster.http_url)[1] == "r0", 10, "r0 answering again")
 
 
 # -- nothing is left ---------------------------------------------------------------------------
@@ -254,7 +244,7 @@ def test_a_program_that_exits_without_stopping_its_cluster_leaves_nothing(tmp_pa
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert ":" in result.stdout
-    wait_until(lambda: ours(str(tmp_path)) == [], 20, "every process of the child's cluster ending")
+    wait_for(lambda: ours(str(tmp_path)) == [], 20, "every process of the child's cluster ending")
 
 
 @pytest.mark.integration
@@ -277,7 +267,7 @@ def test_a_killed_program_leaves_no_balancer_or_replica(tmp_path):
             assert len(ours(str(tmp_path))) >= 2  # haproxy and tritonserver
             os.kill(child.pid, signal.SIGKILL)  # no atexit: the parent-death signal must do it
             child.wait(timeout=30)
-            wait_until(lambda: ours(str(tmp_path)) == [], 30, "the orphans ending")
+            wait_for(lambda: ours(str(tmp_path)) == [], 30, "the orphans ending")
         finally:
             if child.poll() is None:
                 child.kill()
