@@ -1,16 +1,21 @@
-"""Every short external command goes through :func:`run`; ports are chosen and checked here."""
+"""Every short external command goes through :func:`run`, every long-running child through
+:func:`spawn`; ports are chosen and checked here."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 
 from labkit.errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
 from labkit.settings import redact
@@ -105,6 +110,65 @@ def set_parent_death_signal() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def spawn(args: Sequence[str | os.PathLike], **popen_kwargs) -> subprocess.Popen:
+    """Start a long-running child (a server, a load balancer) in its own session, set to receive
+    SIGTERM when this process dies, and return it.
+
+    Linux ties PR_SET_PDEATHSIG to the *thread* that forked the child, not to the process: a
+    server started from a worker thread got SIGTERM as soon as that thread ended (a cluster's
+    supervisor that started a replacement replica, a ``ThreadPoolExecutor`` in a notebook). So
+    every child is forked by one launcher thread that lives as long as the interpreter, whichever
+    thread asks. ``popen_kwargs`` go to :class:`subprocess.Popen`; its errors are raised here.
+    """
+    future: Future[subprocess.Popen] = Future()
+    _launcher().put(([os.fspath(a) for a in args], popen_kwargs, future))
+    try:
+        return future.result()
+    except BaseException as exc:
+        if future.done() and future.exception() is exc:
+            raise  # Popen's own error: nothing was started
+        # Interrupted while the launcher forked: end the child the caller will never hold.
+        with contextlib.suppress(BaseException):
+            child = future.result(timeout=30)
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=30)
+        raise
+
+
+_LAUNCH: queue.SimpleQueue | None = None
+_LAUNCHER: threading.Thread | None = None
+_LAUNCH_LOCK = threading.Lock()
+
+
+def _launcher() -> queue.SimpleQueue:
+    """The launcher's queue, starting the thread first if there is none (or, after a fork, if
+    this process's copy of it does not run)."""
+    global _LAUNCH, _LAUNCHER
+    with _LAUNCH_LOCK:
+        if _LAUNCHER is None or not _LAUNCHER.is_alive():
+            _LAUNCH = queue.SimpleQueue()
+            _LAUNCHER = threading.Thread(
+                target=_launch_forever, args=(_LAUNCH,), name="labkit-launcher", daemon=True
+            )
+            _LAUNCHER.start()
+        return _LAUNCH
+
+
+def _launch_forever(requests: queue.SimpleQueue) -> None:
+    while True:
+        args, popen_kwargs, future = requests.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            child = subprocess.Popen(
+                args, start_new_session=True, preexec_fn=set_parent_death_signal, **popen_kwargs
+            )
+        except BaseException as exc:  # noqa: BLE001 (raised in the thread that asked)
+            future.set_exception(exc)
+        else:
+            future.set_result(child)
 
 
 def http_ok(url: str, timeout_s: float = 2) -> bool:

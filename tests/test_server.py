@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import urllib.request
 
 import psutil
@@ -254,6 +256,22 @@ def test_killed_parent_leaves_no_server(echo_repo, tmp_path):
 
 
 @pytest.mark.integration
+def test_a_server_started_from_a_thread_that_ends_keeps_serving(echo_repo, start_server):
+    """PR_SET_PDEATHSIG fires when the forking *thread* ends: a server started from a worker
+    thread got SIGTERM the moment that thread returned (a cluster's supervisor starting a
+    replacement, a notebook's thread pool). Only the process's own death may end it."""
+    server = start_server.new(echo_repo)
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join(timeout=120)
+    assert not starter.is_alive() and server.running
+    # Triton logs a SIGTERM at once and then drains for a moment: look for that line, and ask.
+    time.sleep(1)
+    assert "Signal (15) received" not in server.log_path.read_text()
+    assert generate(server, "echo", "still here") == "ereh llits"
+
+
+@pytest.mark.integration
 def test_start_returns_only_when_grpc_and_metrics_answer_too(echo_repo, start_server):
     """Triton opens HTTP about 40 ms before its metrics port: a metrics read right after start()
     got `Connection refused` once. Started and read at once, many times, it never may."""
@@ -283,7 +301,6 @@ def test_http_ok_is_true_only_for_a_200():
     """The readiness probe shared by the server and the replica pool: a 503, a missing path and a
     closed port are all "not ready", never an exception."""
     import http.server
-    import threading
 
     from labkit.proc import free_port, http_ok
 
@@ -308,3 +325,17 @@ def test_http_ok_is_true_only_for_a_200():
         httpd.shutdown()
         httpd.server_close()
     assert http_ok(f"http://127.0.0.1:{free_port()}/ready") is False
+
+
+def test_spawn_raises_a_missing_program_in_the_asking_thread_and_goes_on_launching(tmp_path):
+    from labkit.proc import spawn
+
+    with pytest.raises(FileNotFoundError):
+        spawn([tmp_path / "no-such-program"])
+    child = spawn(
+        [sys.executable, "-c", "import os; print(os.getpgid(0) == os.getpid())"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    out, _ = child.communicate(timeout=30)
+    assert out.strip() == "True"  # a session of its own: stop() ends the whole group

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from labkit import proc
 from labkit.errors import MissingDependencyError, ServerError, ServerTimeoutError
-from labkit.proc import set_parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -228,13 +227,11 @@ class HAProxy:
         self.config_path.write_text(self.config_text)
         proc.run([binary, "-c", "-q", "-f", self.config_path], timeout_s=30)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
-        self._process = subprocess.Popen(
-            [str(binary), "-db", "-f", str(self.config_path)],
+        self._process = proc.spawn(
+            [binary, "-db", "-f", self.config_path],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=set_parent_death_signal,
         )
         deadline = time.monotonic() + self.startup_timeout_s
         while True:

@@ -165,8 +165,8 @@ class Cluster(Addresses):
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Cluster:
-        """Start every replica (in parallel), their readiness endpoints and HAProxy; return once
-        every replica is in the pool. On any failure everything started is stopped."""
+        """Start every replica (one after the other), their readiness endpoints and HAProxy;
+        return once every replica is in the pool. On any failure everything started is stopped."""
         if self.running:
             return self
         self._stopping.clear()
@@ -174,8 +174,6 @@ class Cluster(Addresses):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _LIVE.add(self)
         try:
-            # One after the other, from this thread: a server is tied to the thread that started
-            # it (PR_SET_PDEATHSIG fires when that thread ends), so no short-lived worker may.
             self.replicas = [Replica(i, self._new_server(i)) for i in range(self.size)]
             for replica in self.replicas:
                 replica.server.start()

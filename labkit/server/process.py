@@ -34,7 +34,7 @@ from labkit.proc import (
     free_port,
     http_ok,
     kill_group,
-    set_parent_death_signal,
+    spawn,
     tail,
 )
 from labkit.repository.config import check_name
@@ -226,14 +226,12 @@ class TritonServer(Addresses):
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         secrets = [env[n].encode() for n in TOKEN_VARIABLES if len(env.get(n) or "") >= 4]
         try:
-            self._process = subprocess.Popen(
+            self._process = spawn(
                 cmd,
                 stdout=subprocess.PIPE if secrets else self._log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=True,
-                preexec_fn=set_parent_death_signal,
             )
         except FileNotFoundError as exc:
             self._close_log()
