@@ -103,13 +103,23 @@ def check_port_free(
             ) from exc
 
 
+def _libc_prctl():
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:  # not glibc Linux: no parent-death signal
+        return None
+
+
+# Looked up here, in the parent: a child between fork and exec must not dlopen (another thread
+# of the parent may have held the loader's lock at the fork).
+_PRCTL = _libc_prctl()
+
+
 def set_parent_death_signal() -> None:
     """In a child, as ``preexec_fn``: receive SIGTERM when the parent dies (Linux), so no server
     or load balancer outlives the kernel that started it."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def spawn(args: Sequence[str | os.PathLike], **popen_kwargs) -> subprocess.Popen:

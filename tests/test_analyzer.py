@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+
+import psutil
 import pytest
 
-from conftest import write_sleepy_model
+from conftest import wait_for, write_sleepy_model
 from labkit import plots
 from labkit.errors import ConfigError, ToolTimeoutError
 from labkit.profiling import analyzer
@@ -91,6 +96,61 @@ def test_a_run_past_its_bound_leaves_no_process_behind(tmp_path):
     assert analyzer.leftover_servers(run) == []
     # it was told to stop at once, not left to finish a measurement that never ends
     assert "Saving state and exiting immediately" in (run / "model-analyzer.log").read_text()
+
+
+KILLED_KERNEL = """
+import sys
+from labkit.profiling import analyzer
+settings = analyzer.AnalyzerSettings(models=["sleepy"], **{search!r})
+analyzer.model_analyzer({repo!r}, {run!r}, settings, timeout_s=600, progress=False)
+"""
+
+
+def _in_run(run) -> list[psutil.Process]:
+    """Processes that name the run folder or work in it (Model Analyzer, perf_analyzer, servers
+    and their stubs), zombies excluded."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+        with contextlib.suppress(psutil.Error):
+            named = str(run) in " ".join(p.info["cmdline"] or []) or (
+                p.info["cwd"] or ""
+            ).startswith(str(run))
+            if named and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+    return found
+
+
+@pytest.mark.integration
+def test_a_kernel_killed_mid_search_leaves_no_process_behind(tmp_path):
+    """The kernel that runs the search is killed (SIGKILL: no cleanup of its own can run).
+    Model Analyzer is told by the parent-death signal and its server by the same signal through
+    the wrapper, so nothing that worked for the search outlives it."""
+    # 200 ms a request, 1000 requests a window: no measurement can end before the wait below
+    # does (the search left alone would outlast it), and an in-flight request holds the server's
+    # shutdown for 200 ms, not for Triton's 30 s exit timeout.
+    write_sleepy_model(tmp_path / "repo", "sleepy", sleep_ms=200, batching=False)
+    run = tmp_path / "run"
+    search = dict(SMALL, measurement_request_count=1000)
+    code = KILLED_KERNEL.format(search=search, repo=str(tmp_path / "repo"), run=str(run))
+    kernel = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path)
+    try:
+        wait_for(lambda: (run / "tritonserver.pids").is_file(), 120, "Model Analyzer's server")
+        server = int((run / "tritonserver.pids").read_text().split()[0])
+        wait_for(
+            lambda: any(p.name() == "perf_analyzer" for p in _in_run(run)), 120, "a measurement"
+        )
+        kernel.kill()
+        kernel.wait()
+        wait_for(lambda: _in_run(run) == [], 60, "the end of everything the search started")
+        assert (
+            not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+        )
+    finally:
+        kernel.kill()
+        kernel.wait()
+        for p in _in_run(run):  # clean up before failing, so a failure leaves nothing running
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def test_the_interrupts_that_stop_model_analyzer_at_once_are_its_own_count():

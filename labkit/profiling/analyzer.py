@@ -4,7 +4,9 @@ Model Analyzer launches ``tritonserver`` itself (``triton_launch_mode: local``).
 small wrapper script into the run folder that starts the located server with its backend directory
 and environment, and records the PID of every server it starts, so that a run that ends badly (a
 timeout, an interrupt) still leaves no ``tritonserver`` behind: Model Analyzer starts each server
-in a session of its own, out of reach of Model Analyzer's own process group.
+in a session of its own, out of reach of Model Analyzer's own process group. Model Analyzer is
+sent SIGTERM if the kernel dies, and the servers and perf_analyzers it starts (through a second
+wrapper) are sent SIGTERM when Model Analyzer dies, so a killed kernel leaves nothing either.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tqdm.auto import tqdm
 
 from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
-from labkit.proc import free_port, kill_group, tail
+from labkit.proc import free_port, kill_group, spawn, tail
 from labkit.profiling.perf import locate_perf_analyzer
 from labkit.repository import read_config
 from labkit.server import locate_tritonserver, reload
@@ -119,22 +121,41 @@ def find_model_analyzer() -> str | None:
 def write_wrapper(run_dir: Path) -> Path:
     """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
     binary = locate_tritonserver()
-    folder = run_dir / "bin"
-    folder.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "#!/bin/sh",
-        f"# {WRAPPER_MARKER}: written by labkit.analyzer for Model Analyzer's local launch mode.",
+    backend = f" --backend-directory={shlex.quote(str(binary.backend_directory))}"
+    return _write_script(
+        run_dir / "bin" / "tritonserver",
         f"echo $$ >> {shlex.quote(str(run_dir / 'tritonserver.pids'))}",
         *[f"export {k}={shlex.quote(v)}" for k, v in binary.env.items()],
-    ]
-    backend = f" --backend-directory={shlex.quote(str(binary.backend_directory))}"
-    lines.append(
-        f'exec {shlex.quote(str(binary.path))}{backend if binary.backend_directory else ""} "$@"'
+        f"exec {_death_guard()}{shlex.quote(str(binary.path))}"
+        f'{backend if binary.backend_directory else ""} "$@"',
     )
-    wrapper = folder / "tritonserver"
-    wrapper.write_text("\n".join(lines) + "\n")
-    wrapper.chmod(0o755)
-    return wrapper
+
+
+def write_perf_wrapper(run_dir: Path) -> Path:
+    """``run_dir/bin/perf_analyzer``: the located perf_analyzer, ended with Model Analyzer."""
+    path = locate_perf_analyzer().path
+    return _write_script(
+        run_dir / "bin" / "perf_analyzer", f'exec {_death_guard()}{shlex.quote(str(path))} "$@"'
+    )
+
+
+def _death_guard() -> str:
+    """``setpriv --pdeathsig TERM `` where util-linux has it: what a wrapper runs is sent SIGTERM
+    when Model Analyzer dies, as labkit's own servers are when the kernel dies. Without it a
+    killed search left its server, and the perf_analyzer whose open connections hold that
+    server's shutdown for its 30 s exit timeout, running."""
+    setpriv = shutil.which("setpriv")
+    return f"{shlex.quote(setpriv)} --pdeathsig TERM " if setpriv else ""
+
+
+def _write_script(path: Path, *body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# {WRAPPER_MARKER}: written by labkit.analyzer for Model Analyzer's local launch mode."
+    )
+    path.write_text("\n".join(["#!/bin/sh", header, *body]) + "\n")
+    path.chmod(0o755)
+    return path
 
 
 def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettings) -> Path:
@@ -181,7 +202,7 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
             "allow-cpu-metrics": "true",
         },
         "triton_output_path": str(run_dir / "tritonserver.log"),
-        "perf_analyzer_path": str(locate_perf_analyzer().path),
+        "perf_analyzer_path": str(write_perf_wrapper(run_dir)),
         "perf_analyzer_flags": flags,
         "perf_analyzer_timeout": s.perf_analyzer_timeout_s,
         "perf_output": True,
@@ -234,14 +255,15 @@ def model_analyzer(
     cmd = [executable, "profile", "-f", str(config)]
     log.info("running %s (log: %s)", " ".join(cmd), log_path)
     with open(log_path, "w") as log_file:
-        process = subprocess.Popen(
+        # spawn: Model Analyzer gets SIGTERM if this process dies (a killed kernel); its servers
+        # and perf_analyzers get it from Model Analyzer's death (the wrappers' _death_guard).
+        process = spawn(
             cmd,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
             cwd=run_dir,
-            start_new_session=True,
         )
         try:
             _follow(process, log_path, timeout_s, progress)
