@@ -99,7 +99,6 @@ def test_a_run_past_its_bound_leaves_no_process_behind(tmp_path):
 
 
 KILLED_KERNEL = """
-import sys
 from labkit.profiling import analyzer
 settings = analyzer.AnalyzerSettings(models=["sleepy"], **{search!r})
 analyzer.model_analyzer({repo!r}, {run!r}, settings, timeout_s=600, progress=False)
@@ -123,8 +122,8 @@ def _in_run(run) -> list[psutil.Process]:
 @pytest.mark.integration
 def test_a_kernel_killed_mid_search_leaves_no_process_behind(tmp_path):
     """The kernel that runs the search is killed (SIGKILL: no cleanup of its own can run).
-    Model Analyzer is told by the parent-death signal and its server by the same signal through
-    the wrapper, so nothing that worked for the search outlives it."""
+    Model Analyzer is told by the parent-death signal, and its server and perf_analyzer by the
+    same signal through their wrappers, so nothing that worked for the search outlives it."""
     # 200 ms a request, 1000 requests a window: no measurement can end before the wait below
     # does (the search left alone would outlast it), and an in-flight request holds the server's
     # shutdown for 200 ms, not for Triton's 30 s exit timeout.
