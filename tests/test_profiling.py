@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from conftest import write_sleepy_model
 from labkit import plots, profiling
-from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
 from labkit.profiling import perf
 
 FAST = dict(measurement_interval_ms=1000, stability_percentage=50, max_trials=6, progress=False)
@@ -32,6 +33,7 @@ def server(tmp_path_factory, start_module_server):
     (root / "repo" / "erratic" / "1" / "model.py").write_text(ERRATIC_MODEL)
     write_sleepy_model(root / "repo", "drifting", batching=False)
     (root / "repo" / "drifting" / "1" / "model.py").write_text(DRIFTING_MODEL)
+    write_sleepy_model(root / "repo", "glacial", sleep_ms=2000, batching=False)
     return start_module_server(root / "repo")
 
 
@@ -223,15 +225,15 @@ def test_a_measurement_still_settling_at_its_bound_is_measured_once_more_not_rai
     server, tmp_path
 ):
     """Notebook 03 failed on a heavily loaded machine: perf_analyzer was still trying to settle at
-    concurrency 8 when its 300 s bound passed. This model cannot settle at 1% within the bound, and
-    its 1000 trials outlast it, so the first run is always stopped there; the run without the rule
-    needs 3 windows (under 2 s)."""
+    concurrency 8 when its bound passed. This model cannot settle at 1% within the first run's
+    two thirds of the 15 s bound, and its 1000 trials outlast them, so the first run is always
+    stopped at 10 s; the run without the rule needs 3 windows (under 2 s) of the 5 s left."""
     frame = profiling.perf_analyzer(
         server,
         "drifting",
         stability_percentage=1,
         max_trials=1000,
-        timeout_s=10,
+        timeout_s=15,
         run_dir=tmp_path,
         **TINY_WINDOWS,
     )
@@ -285,3 +287,30 @@ def test_metrics_parse_exposition_text():
 def test_a_frame_without_the_needed_columns_is_refused_by_name():
     with pytest.raises(ConfigError, match="'p99_ms'"):
         plots.throughput_vs_latency(pd.DataFrame({"concurrency": [1], "throughput": [2.0]}))
+
+
+@pytest.mark.integration
+def test_a_level_too_slow_to_measure_even_without_the_rule_is_named_within_one_bound(
+    server, tmp_path
+):
+    """Notebook 03 with one core busy: a level still settling at its bound was measured once more
+    with a whole bound of its own, also ran past it, and the cell took twice its bound. Both runs
+    now share one bound. A window here is three 2 s requests (6 s), so the first run cannot end
+    one in the 4 s it gets of the 6 s bound, nor the second its three windows in the 2 s left."""
+    with pytest.raises(
+        ToolTimeoutError, match=r"'glacial' at concurrency 1 within its bound of 6 s"
+    ):
+        profiling.perf_analyzer(
+            server,
+            "glacial",
+            stability_percentage=50,
+            timeout_s=6,
+            run_dir=tmp_path,
+            **TINY_WINDOWS,
+        )
+    first = (tmp_path / "glacial-c1.unsettled.log").read_text()
+    second = (tmp_path / "glacial-c1.log").read_text()
+    assert "ran past its bound of 4 s" in first and "--stability-percentage=50\n" in first
+    assert re.search(r"ran past its bound of [0-9.]+ s", second), second
+    assert f"--stability-percentage={perf._NO_STABILITY_RULE:.0f}" in second
+    assert float(re.search(r"bound of ([0-9.]+) s", second).group(1)) <= 2

@@ -63,6 +63,9 @@ _UNSTABLE = "Failed to obtain stable measurement"
 #: (max/min <= 11) still failed on a loaded 2-core machine, where one window's latency was 16x
 #: another's; at this value only an empty window can fail, which count_windows never has.
 _NO_STABILITY_RULE = 1e8
+#: The share of a level's bound its first run (with the stability rule) may use; the rest is left
+#: to the run without the rule, so one level never takes more than its bound.
+_FIRST_RUN_SHARE = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -207,11 +210,15 @@ def perf_analyzer(
     perf_analyzer each (so a sweep shows progress and one unstable level does not sink the rest);
     every level's CSV and output stay in ``run_dir``. Latencies are in milliseconds; ``throughput``
     is in inferences per second; ``avg_batch_size`` is the server's inference count over its
-    execution count during the level. A level whose numbers did not settle (perf_analyzer gave
-    up, or was still trying at ``timeout_s``) is measured once more without the stability rule,
-    within ``timeout_s`` again, and kept with ``stable=False``.
+    execution count during the level. ``timeout_s`` bounds each level, both of its runs together:
+    a level whose numbers did not settle (perf_analyzer gave up, or was still trying after two
+    thirds of the bound) is measured once more without the stability rule, in what is left of
+    the bound, and kept with ``stable=False``.
 
-    Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input).
+    Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input),
+    and :class:`ToolTimeoutError` when a level cannot be measured within ``timeout_s`` even
+    without the rule (a window slower than a third of it: fewer requests per window, or a longer
+    bound, fit a slow machine).
     """
     if protocol not in ("http", "grpc"):
         raise ConfigError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -278,29 +285,40 @@ def _measure(
     csv_path = stem.with_suffix(".raw.csv")
     args = [*base, f"--concurrency-range={level}", "-f", str(csv_path)]
     stable = True
+    deadline = time.monotonic() + timeout_s
+    first_bound = timeout_s * _FIRST_RUN_SHARE
     try:
-        result = _run(tool, [*args, f"--stability-percentage={stability:g}"], timeout_s, stem)
+        result = _run(tool, [*args, f"--stability-percentage={stability:g}"], first_bound, stem)
         unsettled = result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr
         why = f"within {stability:g}%"
-    except ToolTimeoutError as exc:  # still trying to settle at the bound: a loaded machine
+    except ToolTimeoutError as exc:  # still trying to settle: a loaded machine, or slow windows
         stem.with_suffix(".log").write_text(f"{exc}\n")
-        unsettled, why = True, f"within {stability:g}% before its bound of {timeout_s:g} s"
+        unsettled, why = True, f"within {stability:g}% in {first_bound:.0f} s"
     if unsettled:
+        left = max(deadline - time.monotonic(), 1.0)
         log.warning(
             "%s at concurrency %d did not settle %s; measuring once more "
-            "without the stability rule",
+            "without the stability rule, within the %.0f s left of its bound",
             name,
             level,
             why,
+            left,
         )
         stable = False
         stem.with_suffix(".log").replace(stem.with_suffix(".unsettled.log"))
-        result = _run(
-            tool,
-            [*args, f"--stability-percentage={_NO_STABILITY_RULE:.0f}", "--max-trials=3"],
-            timeout_s,
-            stem,
-        )
+        no_rule = [*args, f"--stability-percentage={_NO_STABILITY_RULE:.0f}", "--max-trials=3"]
+        try:
+            result = _run(tool, no_rule, left, stem)
+        except ToolTimeoutError as exc:
+            stem.with_suffix(".log").write_text(f"{exc}\n")
+            raise ToolTimeoutError(
+                f"perf_analyzer could not measure {name!r} at concurrency {level} within its "
+                f"bound of {timeout_s:g} s: it did not settle {why}, and three windows without "
+                f"the stability rule did not fit in the {left:.0f} s left. Its windows are too slow "
+                "for this bound on this machine: lower measurement_request_count (or "
+                f"measurement_interval_ms), or raise timeout_s. Outputs: {stem}.log and "
+                f"{stem}.unsettled.log"
+            ) from None
     if result.returncode != 0 or not csv_path.is_file():
         output = (result.stderr or "") + (result.stdout or "")
         errors = [line.strip() for line in output.splitlines() if "error" in line.lower()]
