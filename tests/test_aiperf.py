@@ -9,6 +9,7 @@ test of the machine's speed.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -85,8 +86,22 @@ def test_the_ratios_and_targets_come_from_the_rows_and_say_what_was_not_measured
     }  # fmt: skip
 
 
+@pytest.fixture
+def own_temp(monkeypatch):
+    """A temp folder of this test's own, for labkit and for AIPerf, so that the dataset maps
+    counted in it are this run's: an AIPerf run of another process in the shared /tmp at the
+    same moment failed the test once, its live map folder taken for one left behind. It is a
+    short path beside /tmp's, not under tmp_path: AIPerf's ZMQ sockets live in the temp folder,
+    and a socket path has at most 107 bytes."""
+    temp = Path(tempfile.mkdtemp(prefix="labkit-test-"))
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
 @pytest.mark.integration
-def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys):
+def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys, own_temp):
     try:
         profiling.locate_aiperf()
     except MissingDependencyError as exc:
@@ -97,8 +112,6 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys):
     add_tiny(source, weights, "tl")
     add_tiny(source, weights, "tl_inflight", decoupled=True, inflight_batching=True)
     before = sorted(p.name for p in source.iterdir())
-    temp = Path(tempfile.gettempdir())
-    mmaps_before = set(temp.glob("aiperf_mmap_*")) | set(temp.glob("labkit-aiperf-mmap-*"))
     out = tmp_path / "figures.json"
     code = cli.main(
         [
@@ -139,10 +152,8 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys):
     assert {"inflight_vs_dynamic_output_tokens_per_s_c8_mixed", "inflight_ttft_p99_vs_dynamic_c8_mixed",
             "inflight_served_vs_limit_c8_mixed"} <= set(result["ratios"])  # fmt: skip
     assert result["ratios"]["failed_requests"] == 0
-    mmaps_after = set(temp.glob("aiperf_mmap_*")) | set(temp.glob("labkit-aiperf-mmap-*"))
-    assert mmaps_after <= mmaps_before, (
-        f"AIPerf left its dataset maps: {mmaps_after - mmaps_before}"
-    )
+    mmaps = sorted(own_temp.glob("aiperf_mmap_*")) + sorted(own_temp.glob("labkit-aiperf-mmap-*"))
+    assert not mmaps, f"AIPerf left its dataset maps: {mmaps}"
     assert result["answers"]["equal_nonstreaming"] == result["answers"]["compared"] > 0
     assert result["answers"]["equal_streaming"] == result["answers"]["compared"]
     host = result["host"]
