@@ -217,8 +217,8 @@ def perf_analyzer(
 
     Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input),
     and :class:`ToolTimeoutError` when a level cannot be measured within ``timeout_s`` even
-    without the rule (a window slower than a third of it: fewer requests per window, or a longer
-    bound, fit a slow machine).
+    without the rule (its three windows did not fit in what was left: fewer requests per window,
+    or a longer bound, fit a slow machine).
     """
     if protocol not in ("http", "grpc"):
         raise ConfigError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
