@@ -88,11 +88,11 @@ def test_the_ratios_and_targets_come_from_the_rows_and_say_what_was_not_measured
 
 @pytest.fixture
 def own_temp(monkeypatch):
-    """A temp folder of this test's own, for labkit and for AIPerf, so that the dataset maps
-    counted in it are this run's: an AIPerf run of another process in the shared /tmp at the
-    same moment failed the test once, its live map folder taken for one left behind. It is a
-    short path beside /tmp's, not under tmp_path: AIPerf's ZMQ sockets live in the temp folder,
-    and a socket path has at most 107 bytes."""
+    """A temp folder of this test's own, for labkit and for AIPerf, so that what is counted in
+    it is this run's: an AIPerf run of another process in the shared /tmp at the same moment
+    failed the test once, its live map folder taken for one left behind. It is a short path
+    beside /tmp's, not under tmp_path: AIPerf's ZMQ sockets live under the temp folder, and a
+    socket path has at most 107 bytes."""
     temp = Path(tempfile.mkdtemp(prefix="labkit-test-"))
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
@@ -152,8 +152,9 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys, own_
     assert {"inflight_vs_dynamic_output_tokens_per_s_c8_mixed", "inflight_ttft_p99_vs_dynamic_c8_mixed",
             "inflight_served_vs_limit_c8_mixed"} <= set(result["ratios"])  # fmt: skip
     assert result["ratios"]["failed_requests"] == 0
-    mmaps = sorted(own_temp.glob("aiperf_mmap_*")) + sorted(own_temp.glob("labkit-aiperf-mmap-*"))
-    assert not mmaps, f"AIPerf left its dataset maps: {mmaps}"
+    made = ("aiperf_mmap_*", "tmp*/aiperf", "labkit-aiperf-*")  # maps, sockets, labkit's folder
+    left = sorted(path for pattern in made for path in own_temp.glob(pattern))
+    assert not left, f"AIPerf left its dataset maps or socket folders: {left}"
     assert result["answers"]["equal_nonstreaming"] == result["answers"]["compared"] > 0
     assert result["answers"]["equal_streaming"] == result["answers"]["compared"]
     host = result["host"]

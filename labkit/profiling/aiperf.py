@@ -268,17 +268,26 @@ def run_aiperf(
     return frame
 
 
+# A unix socket path has at most 107 bytes. AIPerf's longest is
+# <temp>/tmpXXXXXXXX/aiperf/dataset_manager_proxy_frontend.ipc.
+_SOCKET_PATH_MAX = 107
+_SOCKET_TAIL = len("/tmpXXXXXXXX/aiperf/dataset_manager_proxy_frontend.ipc")
+
+
 def _measure(args: list[str], out: Path, server, timeout_s: float, name: str, level: int) -> dict:
     if out.exists():
         shutil.rmtree(out)  # a rerun in the same run folder measures afresh
     before_cpu, before_server = _children_cpu_s(), server_cpu_s(server)
     started = time.monotonic()
-    # AIPerf memory-maps its dataset under aiperf_mmap_<id>/ in the temp folder and leaves it
-    # there (66 such folders were in /tmp after one session); it gets a folder that goes with
-    # the run, and no content cache in ~/.cache, which has no eviction.
-    with tempfile.TemporaryDirectory(prefix="labkit-aiperf-mmap-") as mmap:
+    # AIPerf leaves in the temp folder what it makes there: its dataset maps, aiperf_mmap_<id>/
+    # (66 such folders were in /tmp after one session), and two folders a run for its ZMQ
+    # sockets, tmpXXXXXXXX/ and tmpXXXXXXXX/aiperf/. So each level runs with a temp folder of
+    # its own, removed when the level ends, and no content cache in ~/.cache (no eviction).
+    with tempfile.TemporaryDirectory(prefix="labkit-aiperf-") as temp:
         env = aiperf_environ()
-        env.update(AIPERF_DATASET_MMAP_BASE_PATH=mmap, AIPERF_DATASET_MMAP_CACHE_ENABLED="false")
+        env.update(AIPERF_DATASET_MMAP_BASE_PATH=temp, AIPERF_DATASET_MMAP_CACHE_ENABLED="false")
+        if len(temp) + _SOCKET_TAIL <= _SOCKET_PATH_MAX:
+            env["TMPDIR"] = temp  # else AIPerf's sockets would not fit: it leaves their folders
         result = proc.run(args, timeout_s=timeout_s, env=env, check=False)
     wall = time.monotonic() - started
     aiperf_cpu, server_cpu = _children_cpu_s() - before_cpu, server_cpu_s(server) - before_server
