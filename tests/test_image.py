@@ -199,7 +199,7 @@ def test_docker_mode_refuses_a_missing_image_naming_the_build_with_a_fake_docker
         server.start()
     assert shlex.join(build_command()) in str(err.value)
     assert all(call[0] != "run" for call in calls())  # no container was started
-    assert not server.running
+    assert not server.running and server.log_path is None  # and no empty log was left in /tmp
 
 
 def test_docker_mode_refuses_an_image_without_transformers_with_a_fake_docker(
@@ -220,6 +220,7 @@ def test_docker_mode_refuses_an_image_without_transformers_with_a_fake_docker(
     assert "labkit image build" in str(err.value) and DEFAULT_IMAGE in str(err.value)
     probe = [c for c in calls() if c[0] == "run"]
     assert probe and probe[0][:4] == ["run", "--rm", "--entrypoint", "python3"]
+    assert server.log_path is None  # no empty log was left in /tmp
 
 
 @pytest.mark.integration

@@ -210,9 +210,6 @@ class TritonServer(Addresses):
         if self.running:
             return self
         self._choose_ports()
-        if self.log_path is None:
-            self.log_path = Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.mode == "local":
             cmd = self.local_command()
             env = {**os.environ, **self.binary.env, **self.extra_env}
@@ -221,6 +218,9 @@ class TritonServer(Addresses):
             self._container = self.container_name
             cmd = self.docker_command()
             env = {**os.environ, **self.extra_env}
+        if self.log_path is None:  # made once there is a command: a refused start leaves no file
+            self.log_path = Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.command = cmd
         log.info("starting %s", redact(" ".join(cmd)))
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
