@@ -96,6 +96,9 @@ def own_temp(monkeypatch):
     temp = Path(tempfile.mkdtemp(prefix="labkit-test-"))
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    # torch writes the cache folder it derives from the temp folder into os.environ. Set here,
+    # it is unset at teardown; else every later server of the suite was handed it, and made it.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(temp / "torchinductor"))
     yield temp
     shutil.rmtree(temp, ignore_errors=True)
 
