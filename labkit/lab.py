@@ -15,8 +15,8 @@ from pathlib import Path
 
 from labkit.errors import ConfigError, LabkitError, MissingFileError
 from labkit.report import FIGURES_FILE
-from labkit.repository import Repository, add_model, catalog, prepare_repository
-from labkit.runner import copy_model_repository
+from labkit.repository import prepare_run_repository
+from labkit.runs import run_folder
 from labkit.server import TritonServer, warm_up
 
 
@@ -40,36 +40,19 @@ def show_warnings_in_notebooks() -> None:
 
 show_warnings_in_notebooks()
 
-
-def prepare_run_repository(
-    run_dir: str | os.PathLike,
-    models: list[str] | None = None,
-    source: str | os.PathLike | None = None,
-    **overrides: object,
-) -> Path:
-    """Copy the lab's repository into ``run_dir``, add catalog models it lacks, build local weights.
-
-    ``models`` names folders of the repository or catalog entries (``falcon7b``, ``opt125m``...);
-    a name the repository lacks is added from the catalog with ``overrides`` (for example
-    ``max_batch_size=8``). Returns the copy's path; the lab's own files are never touched.
-    """
-    repo = copy_model_repository(run_dir, source)
-    present = set(Repository(repo).models())
-    known = {entry.name for entry in catalog()}
-    for name in models or []:
-        if name not in present:
-            if name not in known:
-                raise_unknown(name, present, known)
-            add_model(repo, name, **overrides)
-    prepare_repository(repo)
-    return repo
-
-
-def raise_unknown(name: str, present: set[str], known: set[str]) -> None:
-    raise ConfigError(
-        f"model {name!r} is neither in the model repository ({', '.join(sorted(present))}) nor in "
-        f"the catalog ({', '.join(sorted(known))}); pick one of those"
-    )
+#: What a notebook needs, from one module: its run folder, its repository copy, its server, the
+#: code it shows and the figures it records.
+__all__ = [
+    "describe_repository",
+    "expect_error",
+    "prepare_run_repository",
+    "record",
+    "run_folder",
+    "show_code",
+    "show_table",
+    "start_server",
+    "startup_lines",
+]
 
 
 def describe_repository(repository: str | os.PathLike) -> str:

@@ -38,7 +38,7 @@ import psutil
 from labkit import proc, profiling
 from labkit.client import error_text
 from labkit.errors import ConfigError, ToolError
-from labkit.lab import prepare_run_repository
+from labkit.repository import prepare_run_repository
 from labkit.profiling import request_counts
 from labkit.server import TritonServer, recover, restart, stubs, unhealthy
 

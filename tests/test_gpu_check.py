@@ -20,7 +20,7 @@ import pytest
 
 from labkit import doctor
 from labkit.cli import main
-from labkit.gpu_check import SIZE_LIMIT_BYTES, BundleInfo, build_bundle, runner
+from labkit.gpu_check import SIZE_LIMIT_BYTES, BundleInfo, build_bundle, remote
 from labkit.gpu_check.bundle import (
     AGREEMENT,
     NO_BATCHING,
@@ -31,7 +31,7 @@ from labkit.gpu_check.bundle import (
 from labkit.repository import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER = wheel_root() / runner.SERVER_DIR
+SERVER = wheel_root() / remote.SERVER_DIR
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,13 @@ def gpu_bundle(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpu") / "bundle"
     assert main(["gpu", "bundle", str(folder)]) == 0
     files = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}
-    return BundleInfo(folder, files, json.loads((folder / runner.MANIFEST).read_text()))
+    return BundleInfo(folder, files, json.loads((folder / remote.MANIFEST).read_text()))
 
 
 @pytest.fixture(scope="module")
 def unpacked(gpu_bundle, tmp_path_factory):
     target = tmp_path_factory.mktemp("unpacked")
-    with tarfile.open(gpu_bundle.path / runner.ARCHIVE) as archive:
+    with tarfile.open(gpu_bundle.path / remote.ARCHIVE) as archive:
         archive.extractall(target, filter="tar")
     return target
 
@@ -55,14 +55,14 @@ def unpacked(gpu_bundle, tmp_path_factory):
 def test_the_bundle_fits_in_60_mib_and_holds_four_files(gpu_bundle):
     files = set(gpu_bundle.files)
     wheel = gpu_bundle.manifest["numpy_wheel"]
-    assert files == {runner.ARCHIVE, runner.MANIFEST, runner.RUNNER, wheel}
+    assert files == {remote.ARCHIVE, remote.MANIFEST, remote.RUNNER, wheel}
     on_disk = sum(p.stat().st_size for p in gpu_bundle.path.rglob("*") if p.is_file())
     assert on_disk == gpu_bundle.total_bytes <= SIZE_LIMIT_BYTES == 60 * 2**20
-    assert (gpu_bundle.path / runner.RUNNER).read_bytes() == Path(runner.__file__).read_bytes()
+    assert (gpu_bundle.path / remote.RUNNER).read_bytes() == Path(remote.__file__).read_bytes()
 
 
 def test_the_bundle_takes_only_the_server_its_libraries_and_the_312_stub(unpacked):
-    server = unpacked / runner.SERVER_DIR
+    server = unpacked / remote.SERVER_DIR
     shipped = {str(p.relative_to(server)) for p in server.rglob("*") if p.is_file()}
     assert shipped == {
         "bin/tritonserver",
@@ -77,11 +77,11 @@ def test_the_bundle_takes_only_the_server_its_libraries_and_the_312_stub(unpacke
     assert "libpython3.12.so.1.0" in elf_needed(stub)
     assert os.access(server / "bin/tritonserver", os.X_OK) and os.access(stub, os.X_OK)
 
-    libraries = {p.name for p in (unpacked / runner.LIBS_DIR).iterdir()}
+    libraries = {p.name for p in (unpacked / remote.LIBS_DIR).iterdir()}
     assert any(n.startswith("libtritonserver") for n in libraries)
     assert not any(n.startswith("libpython") for n in libraries)  # the wheel's 3.13 stays behind
     elf = [p for p in unpacked.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
-    vendored = {p.name for p in (wheel_root() / runner.LIBS_DIR).iterdir()}
+    vendored = {p.name for p in (wheel_root() / remote.LIBS_DIR).iterdir()}
     for path in elf:  # every vendored library anything shipped loads is shipped too
         missing = (set(elf_needed(path)) & vendored) - libraries
         assert not missing, f"{path.name} needs {missing}"
@@ -93,11 +93,11 @@ def test_elf_needed_reads_what_readelf_reads():
     binary = SERVER / "bin" / "tritonserver"
     out = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True).stdout
     assert elf_needed(binary) == re.findall(r"\(NEEDED\)\s+Shared library: \[(.+)\]", out)
-    assert needed_libraries([binary], wheel_root() / runner.LIBS_DIR)  # the closure is not empty
+    assert needed_libraries([binary], wheel_root() / remote.LIBS_DIR)  # the closure is not empty
 
 
 def test_the_bundle_holds_the_labs_model_code_on_kind_gpu_and_no_weights(unpacked, gpu_bundle):
-    repository = unpacked / runner.REPOSITORY_DIR
+    repository = unpacked / remote.REPOSITORY_DIR
     models = sorted(p.name for p in repository.iterdir())
     assert set(AGREEMENT.values()) | {NO_BATCHING} <= set(models)
     template = ROOT / "labkit" / "templates" / "textgen"
@@ -135,7 +135,7 @@ def test_the_bundled_config_builds_a_model_of_smollm2_135m_size(unpacked):
     assert 130e6 < count < 140e6
     tokenizer = AutoTokenizer.from_pretrained(unpacked / "model")
     assert tokenizer.padding_side == "left"
-    for text in runner.PROMPTS:
+    for text in remote.PROMPTS:
         assert tokenizer(text).input_ids == AutoTokenizer.from_pretrained(real)(text).input_ids
 
 
@@ -158,14 +158,14 @@ def test_the_check_says_why_it_did_not_run_on_this_machine(gpu_bundle, tmp_path)
         env={**os.environ, "PYTHON": sys.executable},
         timeout=300,
     )
-    assert done.returncode == runner.EXIT_NOT_RUN, done.stdout + done.stderr
-    result = json.loads((out / runner.RESULT).read_text())
+    assert done.returncode == remote.EXIT_NOT_RUN, done.stdout + done.stderr
+    result = json.loads((out / remote.RESULT).read_text())
     assert result["status"] == "not_run"
     assert "the bundle's stub is for 3.12" in result["reason"]
     assert "no usable NVIDIA GPU" in result["reason"]
     assert "labkit gpu check: not_run" in done.stdout
-    assert sorted(p.name for p in out.iterdir()) == [runner.RESULT]
-    assert main(["gpu", "show", str(out / runner.RESULT)]) == runner.EXIT_NOT_RUN
+    assert sorted(p.name for p in out.iterdir()) == [remote.RESULT]
+    assert main(["gpu", "show", str(out / remote.RESULT)]) == remote.EXIT_NOT_RUN
 
 
 @pytest.mark.integration
@@ -179,9 +179,9 @@ def test_the_runner_serves_checks_and_measures_end_to_end_on_this_cpu(tmp_path):
         tmp_path / "bundle", python=python, device="cpu", size="tiny", archive=False
     )
     out = tmp_path / "out"
-    code = runner.main(["--bundle", str(bundle.path), "--out", str(out), "--bench-seconds", "2"])
-    result = json.loads((out / runner.RESULT).read_text())
-    assert code == runner.EXIT_PASSED, runner.summary(result)
+    code = remote.main(["--bundle", str(bundle.path), "--out", str(out), "--bench-seconds", "2"])
+    result = json.loads((out / remote.RESULT).read_text())
+    assert code == remote.EXIT_PASSED, remote.summary(result)
     assert result["status"] == "passed" and result["failures"] == []
     assert result["stub_python"]["numpy"].startswith("1.")
     assert result["server"]["version"] == "2.51.0"
@@ -195,9 +195,9 @@ def test_the_runner_serves_checks_and_measures_end_to_end_on_this_cpu(tmp_path):
     assert off["avg_batch_size"] == 1.0
     assert "inflight" in result["benchmarks"]
     assert "triton_note" in on["gpu"]  # no GPU here: Triton reports no GPU figures
-    assert (out / runner.SERVER_LOG).stat().st_size > 0
-    assert sorted(p.name for p in out.iterdir()) == [runner.RESULT, runner.SERVER_LOG]
-    assert main(["gpu", "show", str(out / runner.RESULT)]) == 0
+    assert (out / remote.SERVER_LOG).stat().st_size > 0
+    assert sorted(p.name for p in out.iterdir()) == [remote.RESULT, remote.SERVER_LOG]
+    assert main(["gpu", "show", str(out / remote.RESULT)]) == 0
 
 
 def test_prometheus_text_is_read_into_counters_per_model():
@@ -209,11 +209,11 @@ def test_prometheus_text_is_read_into_counters_per_model():
         'nv_gpu_utilization{gpu_uuid="GPU-1"} 0.75\n'
         'nv_gpu_memory_used_bytes{gpu_uuid="GPU-1"} 1048576\n'
     )
-    after = runner.parse_metrics(text)
-    before = runner.parse_metrics(text.replace(" 12\n", " 2\n"))
-    assert runner.delta(before, after, "nv_inference_count", "a") == 10
-    assert runner.delta({}, after, "nv_inference_exec_count", "a") == 4
-    assert runner.gpu_figures(after) == {
+    after = remote.parse_metrics(text)
+    before = remote.parse_metrics(text.replace(" 12\n", " 2\n"))
+    assert remote.delta(before, after, "nv_inference_count", "a") == 10
+    assert remote.delta({}, after, "nv_inference_exec_count", "a") == 4
+    assert remote.gpu_figures(after) == {
         "nv_gpu_utilization": 0.75,
         "nv_gpu_memory_used_bytes": 1048576.0,
     }

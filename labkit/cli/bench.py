@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from labkit import bench, soak
-from labkit.runner import run_folder
+from labkit.runs import run_folder
 
 
 def register(sub) -> None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from labkit import gpu_check
-from labkit.gpu_check import runner
+from labkit.gpu_check import remote
 
 
 def register(sub) -> None:
@@ -40,7 +40,7 @@ def _cli_bundle(args) -> int:
 
 def _cli_show(args) -> int:
     result = json.loads(Path(args.json).read_text())
-    print(runner.summary(result))
+    print(remote.summary(result))
     return {"passed": 0, "not_run": 3}.get(result.get("status"), 1)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit import runner
+from labkit import headless
 
 
 def register(sub) -> None:
@@ -40,8 +40,8 @@ def register(sub) -> None:
 
 
 def _cli(args) -> int:
-    params = runner.parse_parameters(args.parameter, args.params)
-    report = runner.run_notebooks(
+    params = headless.parse_parameters(args.parameter, args.params)
+    report = headless.run_notebooks(
         args.notebooks,
         args.out,
         params,

@@ -12,7 +12,7 @@ into one folder:
   (SmolLM2-135M's architecture) and tokenizer: no weights travel, the runner builds them;
 - the numpy<2 wheel for the target Python, which the runner unpacks into a folder of its own
   that goes first on the stub's ``PYTHONPATH``;
-- ``run.py`` (:mod:`labkit.gpu_check.runner`) and ``manifest.json`` (what the runner needs to
+- ``run.py`` (:mod:`labkit.gpu_check.remote`) and ``manifest.json`` (what the runner needs to
   know: the models, the benchmark, the Python the stub is for).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from labkit import proc
 from labkit.errors import ConfigError, MissingDependencyError, MissingFileError
-from labkit.gpu_check import runner
+from labkit.gpu_check import remote
 from labkit.repository import CatalogEntry, Repository, build_weights, textgen_config
 from labkit.repository.folder import TEMPLATES_DIR
 from labkit.settings import cache_dir, runs_root
@@ -132,16 +132,16 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix=".tree-", dir=target) as staging:
         tree = Path(staging)
         libraries = copy_server(tree, python)
-        models = write_repository(tree / runner.REPOSITORY_DIR, DEVICES[device], concurrency)
-        model = write_model_config(tree / runner.MODEL_DIR, size)
+        models = write_repository(tree / remote.REPOSITORY_DIR, DEVICES[device], concurrency)
+        model = write_model_config(tree / remote.MODEL_DIR, size)
         if archive:
-            with tarfile.open(target / runner.ARCHIVE, "w:xz", preset=XZ_PRESET) as packed:
+            with tarfile.open(target / remote.ARCHIVE, "w:xz", preset=XZ_PRESET) as packed:
                 packed.add(tree, arcname=".")
         else:
-            shutil.copytree(tree, target / runner.TREE, symlinks=True)
+            shutil.copytree(tree, target / remote.TREE, symlinks=True)
     wheel = numpy_wheel(python)
     shutil.copy2(wheel, target / wheel.name)
-    shutil.copy2(runner.__file__, target / runner.RUNNER)
+    shutil.copy2(remote.__file__, target / remote.RUNNER)
     manifest = {
         "labkit": _version("triton-labkit"),
         "nvidia_pytriton": _version("nvidia-pytriton"),
@@ -154,7 +154,7 @@ def build_bundle(
         **models,
         "bench": {**models["bench"], "concurrency": concurrency, "seconds": bench_seconds},
     }
-    (target / runner.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (target / remote.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     files = {p.name: p.stat().st_size for p in sorted(target.iterdir()) if p.is_file()}
     info = BundleInfo(target, files, manifest)
     if archive and info.total_bytes > SIZE_LIMIT_BYTES:
@@ -174,7 +174,7 @@ def build_bundle(
 def _clear(target: Path) -> None:
     """An empty ``target``: an earlier bundle there is removed, anything else is refused."""
     if target.exists():
-        if any(target.iterdir()) and not (target / runner.MANIFEST).is_file():
+        if any(target.iterdir()) and not (target / remote.MANIFEST).is_file():
             raise ConfigError(
                 f"{str(target)!r} is not empty and holds no GPU check bundle; choose an empty "
                 "folder (default: runs/gpu-bundle)"
@@ -208,7 +208,7 @@ def copy_server(tree: Path, python: str) -> list[str]:
     libraries they need into ``tree`` (the wheel's layout, so the binaries' RPATHs resolve).
     Returns the libraries copied."""
     root = wheel_root()
-    source = root / runner.SERVER_DIR
+    source = root / remote.SERVER_DIR
     stub = source / "python_backend_stubs" / python / "triton_python_backend_stub"
     if not stub.is_file():
         known = sorted(p.name for p in (source / "python_backend_stubs").iterdir())
@@ -216,7 +216,7 @@ def copy_server(tree: Path, python: str) -> list[str]:
             f"nvidia-pytriton has no Python-backend stub for Python {python!r}; use one of "
             f"{', '.join(known)}"
         )
-    server = tree / runner.SERVER_DIR
+    server = tree / remote.SERVER_DIR
     (server / "bin").mkdir(parents=True)
     shutil.copy2(source / "bin" / "tritonserver", server / "bin" / "tritonserver")
     backend = server / "backends" / "python"
@@ -226,10 +226,10 @@ def copy_server(tree: Path, python: str) -> list[str]:
     shutil.copy2(stub, backend / "triton_python_backend_stub")
     shutil.copytree(source / "caches", server / "caches")
     binaries = [p for p in server.rglob("*") if p.is_file() and _is_elf(p)]
-    libraries = needed_libraries(binaries, root / runner.LIBS_DIR)
-    (tree / runner.LIBS_DIR).mkdir()
+    libraries = needed_libraries(binaries, root / remote.LIBS_DIR)
+    (tree / remote.LIBS_DIR).mkdir()
     for name in libraries:
-        shutil.copy2(root / runner.LIBS_DIR / name, tree / runner.LIBS_DIR / name)
+        shutil.copy2(root / remote.LIBS_DIR / name, tree / remote.LIBS_DIR / name)
     return libraries
 
 

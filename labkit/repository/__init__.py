@@ -3,7 +3,7 @@
 - :mod:`.config`: ``config.pbtxt`` as Triton's ``ModelConfig`` protobuf (parse, validate, edit,
   diff, atomic write);
 - :mod:`.models`: the catalog, each model kind's config, the offline weights and their links;
-- :mod:`.folder`: the folder itself (list, check, add, remove, copy).
+- :mod:`.folder`: the folder itself (list, check, add, remove, copy, a run's own copy).
 
 Live changes to a running server (load, reload, unload, stubs, recover) are in
 :mod:`labkit.server.live`.
@@ -22,7 +22,7 @@ from .config import (
     validate,
     write_config,
 )
-from .folder import Repository, add_model
+from .folder import Repository, add_model, prepare_run_repository
 from .models import (
     CATALOG,
     CatalogEntry,
@@ -52,6 +52,7 @@ __all__ = [
     "embedding_config",
     "parse_config",
     "prepare_repository",
+    "prepare_run_repository",
     "read_config",
     "textgen_config",
     "validate",

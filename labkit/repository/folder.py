@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ConfigError, MissingFileError
+from ..settings import project_root
 from .config import (
     CONFIG_FILE,
     ModelConfig,
@@ -28,7 +29,14 @@ from .config import (
     validate,
     write_config,
 )
-from .models import CATALOG, CatalogEntry, catalog_entry, embedding_config, textgen_config
+from .models import (
+    CATALOG,
+    CatalogEntry,
+    catalog_entry,
+    embedding_config,
+    prepare_repository,
+    textgen_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,9 @@ class Repository:
 
     def __repr__(self) -> str:
         return f"Repository({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
 
     def models(self) -> list[str]:
         """The names of the model folders, sorted."""
@@ -297,3 +308,42 @@ def add_model(
     if folder.exists():
         shutil.rmtree(folder)
     return repo.add_from_template(name, "textgen", config, version=version)
+
+
+def prepare_run_repository(
+    run_dir: str | os.PathLike,
+    models: list[str] | None = None,
+    source: str | os.PathLike | None = None,
+    **overrides: object,
+) -> Repository:
+    """The run's own copy of a model repository, ready to serve: ``<run_dir>/model_repository``.
+
+    ``source`` (default: the lab's ``model_repository/``) is copied once (weights linked, not
+    copied); a run folder that already holds a copy keeps it, with its edits. ``models`` names
+    folders of the repository or catalog entries (``falcon7b``, ``opt125m``...): a name the copy
+    lacks is added from the catalog with ``overrides`` (for example ``max_batch_size=8``). Local
+    weights are built and linked (:func:`~labkit.repository.models.prepare_repository`). The
+    source is never touched.
+    """
+    src = Path(source) if source else project_root() / "model_repository"
+    if not src.is_dir():
+        raise MissingFileError(
+            f"model repository {str(src)!r} does not exist; pass source= a folder of models"
+        )
+    target = Path(run_dir) / "model_repository"
+    if target.is_dir() and any(target.iterdir()):
+        repo = Repository(target)
+    else:
+        repo = Repository(src).copy_to(target)
+    present = set(repo.models())
+    for name in models or []:
+        if name not in present:
+            if name not in CATALOG:
+                raise ConfigError(
+                    f"model {name!r} is neither in the model repository "
+                    f"({', '.join(sorted(present))}) nor in the catalog "
+                    f"({', '.join(sorted(CATALOG))}); pick one of those"
+                )
+            add_model(repo.path, name, **overrides)
+    prepare_repository(repo.path)
+    return repo

@@ -1,4 +1,4 @@
-"""The lab runner: execute notebooks headless with papermill, one run folder per invocation.
+"""Execute the lab's notebooks headless with papermill, one run folder per invocation.
 
 ``labkit run [NOTEBOOK...] [--out DIR] [-p NAME VALUE]... [--params FILE.yaml]`` runs the named
 notebooks (all of ``notebooks/`` in order when none is named) into ``runs/<timestamp>/``:
@@ -6,7 +6,7 @@ notebooks (all of ``notebooks/`` in order when none is named) into ``runs/<times
 - ``<stem>.ipynb`` the executed notebook (saved even when a cell fails, with the error in it),
 - ``<stem>.html`` its nbconvert HTML (plots included), and ``index.html`` linking them,
 - ``<stem>/`` the notebook's own working folder (passed as the ``RUN_DIR`` parameter when the
-  notebook declares it; the notebook gets it back from :func:`run_folder`),
+  notebook declares it; the notebook gets it back from :func:`labkit.runs.run_folder`),
 - ``summary.json`` the summary table that is also printed at the end.
 
 Every input is checked before any notebook starts: unknown notebooks, parameters that no selected
@@ -23,79 +23,20 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from labkit import settings
+from labkit import runs, settings
 from labkit.errors import ConfigError, MissingFileError
 from labkit.report import FIGURES_FILE, NotebookResult, RunReport, purpose, to_html, write_index
-from labkit.repository import Repository
-from labkit.settings import project_root, runs_root
+from labkit.settings import project_root
 
 log = logging.getLogger(__name__)
 
 #: The parameter through which the runner hands a notebook its own working folder.
 RUN_DIR_PARAMETER = "RUN_DIR"
-#: Files at least this large are hard-linked, not copied, into a run's model repository.
-
-
-# -- where things are ---------------------------------------------------------------------------
-def _unique_dir(parent: Path, name: str) -> Path:
-    """Create ``parent/name`` (or ``name-2``, ``name-3``... when taken) and return it."""
-    parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, 1000):
-        path = parent / (name if attempt == 1 else f"{name}-{attempt}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise ConfigError(f"could not create a fresh folder named {name!r} in {str(parent)!r}")
-
-
-def _timestamp() -> str:
-    return datetime.now().strftime("%Y%m%d-%H%M%S")
-
-
-def run_folder(out: str | os.PathLike | None = None, notebook: str | None = None) -> Path:
-    """The notebook's own run folder.
-
-    When papermill passes one (the ``RUN_DIR`` parameter) it is used as is; otherwise (a notebook
-    opened in Jupyter) a fresh ``runs/<timestamp>-<notebook>`` is created, so two runs never share
-    files. ``notebook`` defaults to the name Jupyter gives the kernel (``JPY_SESSION_NAME``).
-    """
-    if out is not None:
-        path = Path(out).expanduser()
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create run folder {str(path)!r}: {exc}") from exc
-        return path.resolve()
-    name = notebook or Path(os.environ.get("JPY_SESSION_NAME") or "notebook").stem
-    return _unique_dir(runs_root(), f"{_timestamp()}-{name}").resolve()
-
-
-def copy_model_repository(
-    run_dir: str | os.PathLike, source: str | os.PathLike | None = None
-) -> Path:
-    """Copy a model repository into ``run_dir/model_repository`` and return the copy.
-
-    Notebooks edit and serve the copy, never the checkout; weights are linked, not copied
-    (:meth:`labkit.repository.Repository.copy_to`). A notebook run again in the same run folder
-    keeps the copy it already has, with its edits.
-    """
-    src = Path(source) if source else project_root() / "model_repository"
-    if not src.is_dir():
-        raise MissingFileError(
-            f"model repository {str(src)!r} does not exist; pass source= a folder of models"
-        )
-    target = Path(run_dir) / "model_repository"
-    if target.is_dir() and any(target.iterdir()):
-        return target
-    return Repository(src).copy_to(target).path
 
 
 # -- inputs -------------------------------------------------------------------------------------
@@ -211,22 +152,6 @@ def plan_parameters(
     return {nb: {k: v for k, v in parameters.items() if k in d} for nb, d in declared.items()}
 
 
-def prepare_run_dir(out: str | os.PathLike | None = None) -> Path:
-    """Create the invocation's run folder (``--out`` or ``runs/<timestamp>``) and prove it writable."""
-    try:
-        path = Path(out).expanduser() if out else _unique_dir(runs_root(), _timestamp())
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".labkit-write-check"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ConfigError(
-            f"run folder {str(out or runs_root())!r} cannot be written ({exc.strerror or exc}); "
-            "pass --out a folder you can write, or set LABKIT_RUNS"
-        ) from exc
-    return path.resolve()
-
-
 def check_kernel(kernel_name: str) -> str:
     """Return the Python the kernel runs; raise unless it is this environment's Python."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
@@ -291,7 +216,7 @@ def run_notebooks(
     plan = plan_parameters(paths, dict(parameters or {}))
     kernel = settings.kernel_name(kernel_name)
     python = check_kernel(kernel)
-    run_dir = prepare_run_dir(out)
+    run_dir = runs.invocation_folder(out)
     log.info("run folder %s; kernel %r runs %s", run_dir, kernel, python)
     report = RunReport(run_dir)
     stems: set[str] = set()

@@ -1,4 +1,4 @@
-"""The GPU check's runner: what runs on the bare GPU machine, from a bundle made here.
+"""The GPU check's remote part: what runs on the bare GPU machine, from a bundle made here.
 
 That machine has Python, torch, transformers and numpy (2.x) and nothing fetchable; labkit itself
 is not importable there (it needs tritonclient, pandas, protobuf...). So this file uses only the

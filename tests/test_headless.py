@@ -12,7 +12,8 @@ import nbformat
 import pytest
 
 from conftest import write_notebook
-from labkit import runner
+from labkit import headless, runs
+from labkit.repository import prepare_run_repository
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingFileError
 
@@ -25,7 +26,7 @@ def notebooks(tmp_path: Path) -> Path:
     folder.mkdir()
     write_notebook(
         folder / "01_good.ipynb",
-        "import json, sys\nfrom labkit.runner import run_folder\nrun = run_folder(RUN_DIR)",
+        "import json, sys\nfrom labkit.runs import run_folder\nrun = run_folder(RUN_DIR)",
         "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run)}\n"
         "(run / 'facts.json').write_text(json.dumps(facts))",
         "import plotly.graph_objects as go\n"
@@ -44,13 +45,13 @@ def notebooks(tmp_path: Path) -> Path:
 
 def run(nbs, out, params=None, **kwargs):
     kwargs.setdefault("cell_timeout_s", CELL_TIMEOUT_S)
-    return runner.run_notebooks(nbs, out, params, progress_bar=False, **kwargs)
+    return headless.run_notebooks(nbs, out, params, progress_bar=False, **kwargs)
 
 
 def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folder(
     notebooks, tmp_path
 ):
-    params = runner.parse_parameters([("count", "3"), ("label", "'42'")])
+    params = headless.parse_parameters([("count", "3"), ("label", "'42'")])
     report = run([notebooks / "01_good.ipynb"], tmp_path / "out", params)
 
     assert report.ok, report.table()
@@ -112,7 +113,7 @@ def test_cli_runs_every_notebook_in_order_and_exits_nonzero_on_failure_with_a_fa
 ):
     # Fake: the project's notebooks/ is this test's two throwaway notebooks (the shipped ones
     # take minutes each and run under nbmake); the CLI, papermill and the kernel are real.
-    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    monkeypatch.setattr(headless, "project_root", lambda: tmp_path)
     code = main(["run", "--out", str(tmp_path / "all"), "--cell-timeout", str(CELL_TIMEOUT_S)])
     printed = capsys.readouterr().out
     assert code == 1
@@ -127,7 +128,7 @@ def test_a_notebook_named_by_prefix_runs_and_the_cli_exits_zero_with_a_fake_proj
     notebooks, tmp_path, monkeypatch
 ):
     # Fake: the project's notebooks/ is this test's throwaway notebooks, as above.
-    monkeypatch.setattr(runner, "project_root", lambda: tmp_path)
+    monkeypatch.setattr(headless, "project_root", lambda: tmp_path)
     params = tmp_path / "params.yaml"
     params.write_text("count: 5\nlabel: from-yaml\n")
     code = main(
@@ -153,7 +154,7 @@ def test_a_notebook_named_by_prefix_runs_and_the_cli_exits_zero_with_a_fake_proj
 # -- bad input is refused before anything starts ------------------------------------------------
 def test_a_notebook_that_does_not_exist_is_refused_naming_the_available_ones(notebooks, tmp_path):
     with pytest.raises(MissingFileError, match=r"'03_missing'.*01_good\.ipynb, 02_bad\.ipynb"):
-        runner.find_notebooks(["03_missing"], notebooks)
+        headless.find_notebooks(["03_missing"], notebooks)
     assert main(["run", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
 
@@ -167,7 +168,7 @@ def test_an_undeclared_parameter_is_an_error_naming_the_declared_ones(notebooks,
 
 
 def test_a_parameter_goes_only_to_the_notebooks_that_declare_it(notebooks):
-    plan = runner.plan_parameters(
+    plan = headless.plan_parameters(
         [notebooks / "01_good.ipynb", notebooks / "02_bad.ipynb"], {"count": 2, "divisor": 4}
     )
     assert plan == {
@@ -197,10 +198,10 @@ def test_a_kernel_that_runs_another_python_is_refused(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     with pytest.raises(ConfigError, match=r"'otherpy' runs /usr/bin/python3.*ipykernel install"):
-        runner.check_kernel("otherpy")
+        headless.check_kernel("otherpy")
     with pytest.raises(ConfigError, match="'no-such-kernel' is not installed"):
-        runner.check_kernel("no-such-kernel")
-    assert runner.check_kernel("python3") == sys.executable
+        headless.check_kernel("no-such-kernel")
+    assert headless.check_kernel("python3") == sys.executable
 
 
 @pytest.mark.parametrize(
@@ -223,7 +224,7 @@ def test_a_kernel_that_runs_another_python_is_refused(tmp_path, monkeypatch):
     ],
 )
 def test_parameter_values_are_typed_like_papermill(text, value):
-    parsed = runner.parse_value(text)
+    parsed = headless.parse_value(text)
     assert parsed == value and type(parsed) is type(value)
 
 
@@ -231,21 +232,21 @@ def test_a_params_file_must_hold_a_mapping(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
-        runner.parse_parameters(params_file=bad)
+        headless.parse_parameters(params_file=bad)
     with pytest.raises(MissingFileError, match="does not exist"):
-        runner.parse_parameters(params_file=tmp_path / "missing.yaml")
+        headless.parse_parameters(params_file=tmp_path / "missing.yaml")
 
 
 # -- run folders for notebooks ------------------------------------------------------------------
 def test_run_folder_uses_the_folder_papermill_passes(tmp_path):
-    assert runner.run_folder(tmp_path / "given" / "nb") == (tmp_path / "given" / "nb").resolve()
+    assert runs.run_folder(tmp_path / "given" / "nb") == (tmp_path / "given" / "nb").resolve()
     assert (tmp_path / "given" / "nb").is_dir()
 
 
 def test_two_interactive_runs_never_share_a_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
     monkeypatch.setenv("JPY_SESSION_NAME", "/home/me/notebooks/01_serve.ipynb")
-    first, second = runner.run_folder(), runner.run_folder()
+    first, second = runs.run_folder(), runs.run_folder()
     assert first != second and first.is_dir() and second.is_dir()
     assert first.parent == (tmp_path / "runs").resolve()
     assert first.name.endswith("-01_serve") and second.name.startswith(first.name)
@@ -259,7 +260,7 @@ def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
     (tmp_path / "weights").mkdir()
     os.symlink(tmp_path / "weights", source / "m" / "weights")
 
-    copy = runner.copy_model_repository(tmp_path / "run", source)
+    copy = prepare_run_repository(tmp_path / "run", source=source).path
 
     (copy / "m" / "config.pbtxt").write_text("max_batch_size: 8\n")
     assert (source / "m" / "config.pbtxt").read_text() == 'backend: "python"\n'
@@ -268,14 +269,14 @@ def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
         copy / "m" / "1" / "model.safetensors", source / "m" / "1" / "model.safetensors"
     )
     # run again in the same folder: the run's copy and its edit are kept
-    assert runner.copy_model_repository(tmp_path / "run", source) == copy
+    assert prepare_run_repository(tmp_path / "run", source=source).path == copy
     assert (copy / "m" / "config.pbtxt").read_text() == "max_batch_size: 8\n"
     with pytest.raises(MissingFileError, match="does not exist"):
-        runner.copy_model_repository(tmp_path / "run2", tmp_path / "nothing")
+        prepare_run_repository(tmp_path / "run2", source=tmp_path / "nothing")
 
 
 def test_each_invocation_gets_its_own_timestamped_run_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
-    first, second = runner.prepare_run_dir(), runner.prepare_run_dir()
+    first, second = runs.invocation_folder(), runs.invocation_folder()
     assert first != second and first.parent == second.parent == (tmp_path / "runs").resolve()
     assert re.fullmatch(r"\d{8}-\d{6}(-\d+)?", second.name)
