@@ -175,7 +175,7 @@ def _quiet_trace():
 
     - ``TracerWarning``: transformers' masking code branches on tensor shapes, which a trace
       fixes for the traced shapes; the traced model is compiled for exactly those shapes, and the
-      lab checks its outputs against eager PyTorch (:func:`labkit.neuron.lab.compare`).
+      lab checks its outputs against eager PyTorch (:func:`labkit.neuron.walkthrough.compare`).
     - the ``is_gradient_checkpointing`` FutureWarning and the ``loss_type`` notice: the tracer
       reads every attribute of the module, deprecated properties included; neither concerns
       inference.
