@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import threading
@@ -28,9 +29,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import imported_as_triton_does
-from labkit import bench, client, repository, streaming
-from labkit.errors import InferenceError, ServerError
-from labkit.server import TritonServer, recover, stubs, unhealthy, unload
+from labkit import client, repository, streaming
+from labkit.errors import ConfigError, InferenceError, ServerError
+from labkit.repository import textgen
+from labkit.server import TritonServer, recover, stubs, unhealthy
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "labkit" / "templates" / "textgen"
@@ -77,7 +79,6 @@ def add_tiny(repo: Path, weights: Path, name: str, **options) -> None:
 
 
 INFLIGHT = {"decoupled": True, "inflight_batching": True}
-SERVER: dict[str, str] = {}  # the module server's address, for helpers run in a thread pool
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +109,7 @@ def server(tmp_path_factory, tiny_llama):
         log_path=repo.parent / "tritonserver.log",
     )
     try:
-        SERVER["http"] = triton.start().http_url
-        yield triton
+        yield triton.start()
     finally:
         triton.stop()
 
@@ -159,8 +159,13 @@ def grpc_stream(server, model: str, prompt: str, cancel_after: int | None = None
     return pieces
 
 
+def server_log(server, since: int = 0) -> str:
+    """The server's log from character ``since`` on (``len(server_log(server))``: from now)."""
+    return Path(server.log_path).read_text()[since:]
+
+
 def log_count(server, text: str) -> int:
-    return Path(server.log_path).read_text().count(text)
+    return server_log(server).count(text)
 
 
 def wait_for(condition, timeout_s: float, what: str):
@@ -173,28 +178,44 @@ def wait_for(condition, timeout_s: float, what: str):
 
 # -- the committed model folder and the engine's settings (no server) ---------------------------
 def test_the_inflight_model_is_smollm2s_code_and_weights_with_an_engine():
-    folder = REPOSITORY / "smollm2_inflight" / "1"
-    for name in ("model.py", "protocol.py", "streaming.py", "inflight.py"):
-        assert os.readlink(folder / name) == f"../../smollm2/1/{name}"
+    folder, code = REPOSITORY / "smollm2_inflight" / "1", REPOSITORY / "smollm2" / "1"
+    for path in code.glob("*.py"):
+        assert os.readlink(folder / path.name) == f"../../smollm2/1/{path.name}"
     plain = repository.read_config(REPOSITORY / "smollm2" / "config.pbtxt")
     served = repository.read_config(REPOSITORY / "smollm2_inflight" / "config.pbtxt")
     assert served.model_transaction_policy.decoupled and served.max_batch_size == 0
     extra = {k: v.string_value for k, v in served.parameters.items() if k not in plain.parameters}
     assert extra == {"inflight_batching": "true"} | {
-        name: str(value) for name, value in bench.ENGINE_LIMITS.items()
+        name: str(value) for name, value in textgen.ENGINE_LIMITS.items()
     }
     assert all(served.parameters[k] == v for k, v in plain.parameters.items())
 
 
-def test_the_benchmark_builds_the_engine_the_model_builds():
-    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
-        defaults = inflight.Limits()
-        assert {f: getattr(defaults, f) for f in bench.ENGINE_LIMITS} == bench.ENGINE_LIMITS
-        assert inflight.engine_settings(defaults) == bench.engine_config(bench.ENGINE_LIMITS)
-        assert inflight.read_limits({"inflight_batching": "false"}) is None
-        assert inflight.read_limits({"inflight_batching": "true", "kv_blocks": "12"}).kv_tokens == (
-            12 * defaults.kv_page_size
-        )
+def test_labkit_reads_the_engine_settings_from_the_model_folder_into_transformers_own_config():
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    served = REPOSITORY / "smollm2" / "1" / "engine_settings.py"
+    assert textgen.SETTINGS_FILE.resolve() == served.resolve()
+    entry = repository.CatalogEntry("tiny-llama", "weights", "random 2-layer Llama", 0.003)
+    config = repository.textgen_config(entry, "tlb", inflight_batching=True, kv_blocks=12)
+    limits = textgen.engine_limits(config)
+    assert limits == textgen.ENGINE_LIMITS | {"kv_blocks": 12}
+    engine = ContinuousBatchingConfig(**textgen.engine_config(limits))
+    assert (engine.num_blocks, engine.page_size, engine.max_requests_per_batch) == (12, 16, 16)
+    config.parameters["kv_blocks"].string_value = "0"
+    with pytest.raises(ConfigError, match="model 'tlb': parameter 'kv_blocks' must be >= 1, got 0"):
+        textgen.engine_limits(config)
+
+
+def read_options(protocol, decoupled: bool = True, **params: str):
+    """What the model reads from a config with ``params`` (Triton's JSON form of the config)."""
+    config = {
+        "name": "m",
+        "parameters": {"huggingface_model": {"string_value": "weights"}}
+        | {key: {"string_value": value} for key, value in params.items()},
+        "model_transaction_policy": {"decoupled": decoupled},
+    }
+    return protocol.read_options(config)
 
 
 @pytest.mark.parametrize(
@@ -204,14 +225,34 @@ def test_the_benchmark_builds_the_engine_the_model_builds():
         ({"max_running_requests": "many"}, "'max_running_requests' must be an integer"),
         ({"kv_page_size": "2"}, "'kv_page_size' must be >= 4"),
         ({"max_queue_size": "-1"}, "'max_queue_size' must be >= 0"),
+        ({"inflight_batching": "yes"}, "'inflight_batching' must be true or false"),
     ],
 )
-def test_a_bad_engine_limit_is_refused_by_name(params, message):
-    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
-        with pytest.raises(inflight.RequestError, match=message):
-            inflight.read_limits({"inflight_batching": "true", **params})
-        with pytest.raises(inflight.RequestError, match="'inflight_batching' must be true or"):
-            inflight.read_limits({"inflight_batching": "yes"})
+def test_a_bad_engine_limit_is_a_config_error_that_names_it(params, message):
+    with (
+        imported_as_triton_does(TEMPLATE, "protocol") as protocol,
+        pytest.raises(protocol.ConfigError, match=message),
+    ):
+        read_options(protocol, **({"inflight_batching": "true"} | params))
+
+
+def test_inflight_batching_without_a_decoupled_model_is_a_config_error_with_the_fix():
+    with imported_as_triton_does(TEMPLATE, "protocol") as protocol:
+        with pytest.raises(protocol.ConfigError, match="add model_transaction_policy"):
+            read_options(protocol, decoupled=False, inflight_batching="true")
+        limits = read_options(protocol, inflight_batching="true", kv_blocks="12").inflight
+        assert limits.kv_tokens == 12 * limits.kv_page_size
+        assert read_options(protocol, inflight_batching="false", kv_blocks="0").inflight is None
+
+
+@pytest.mark.integration
+def test_labkit_reads_the_limits_that_the_served_engines_run_with(server):
+    folder = repository.Repository(server.model_repository)
+    for name in ("tli", "tlq", "tlk", "smollm2_inflight"):
+        limits = textgen.engine_limits(folder.config(name))
+        said = ", ".join(f"{key}={value}" for key, value in limits.items())
+        (loaded,) = [line for line in server_log(server).splitlines() if f"{name}: loaded " in line]
+        assert f"in-flight batching, Limits({said})" in loaded  # what the model logged
 
 
 # -- answers ---------------------------------------------------------------------------------------
@@ -268,68 +309,68 @@ def test_a_request_of_several_prompts_and_sampling_settings_get_the_plain_models
 @pytest.mark.integration
 def test_cancelling_half_the_streams_frees_their_slots_and_leaves_the_others_unchanged(server):
     long = {"max_tokens": 200, "stream": True}
-    survivors = ["Tell me a story", "Once upon"]
+    survivors, latecomers = ["Tell me a story", "Once upon"], ["Hi", "I am going"]
     expected = {
         p: client.generate(server.http_url, "tl", p, max_tokens=200).text for p in survivors
     }
-    before = log_count(server, "cancelled by their clients; their slots are free")
+    short = {p: client.generate(server.http_url, "tl", p, max_tokens=4).text for p in latecomers}
+    start = len(server_log(server))
 
-    def full(prompt: str) -> tuple[str, float]:
-        text = "".join(streaming.stream(server.http_url, "tli", prompt, **long))
-        return text, time.monotonic()
+    def full(prompt: str, **params) -> str:
+        return "".join(streaming.stream(server.http_url, "tli", prompt, **params))
 
     def leave_http(prompt: str) -> None:
         pieces = streaming.stream(server.http_url, "tli", prompt, **long)
         next(pieces), next(pieces)
         pieces.close()  # the connection closes mid-answer
 
+    def cancellations() -> list[tuple[int, int]]:
+        """``(requests cancelled, slots still taken)`` of each line the engine logged."""
+        found = re.findall(
+            r"tli: (\d+) request\(s\) cancelled by their clients; their slots are free \((\d+)/4 ",
+            server_log(server, start),
+        )
+        return [(int(gone), int(taken)) for gone, taken in found]
+
     with ThreadPoolExecutor(4) as pool:
-        running = [pool.submit(full, p) for p in survivors]
+        running = [pool.submit(full, p, **long) for p in survivors]  # with the two below: 4 slots
         pool.submit(leave_http, "Where is").result()
         pool.submit(grpc_stream, server, "tli", "The weather", 2, **long).result()
-        wait_for(
-            lambda: log_count(server, "their slots are free") > before, 30, "the cancellations"
-        )
-        late = [pool.submit(first_token_at, p) for p in ("Hi", "I am going")]  # freed slots
+        wait_for(lambda: sum(n for n, _ in cancellations()) == 2, 30, "the two cancellations")
+        late = [pool.submit(full, p, max_tokens=4, stream=True) for p in latecomers]
         answers = [f.result() for f in running]
-        latecomers = [f.result() for f in late]
-    assert {p: text for p, (text, _) in zip(survivors, answers, strict=True)} == expected
-    # Two of the four slots were free again: the latecomers did not wait for a survivor to end.
-    assert max(latecomers) < min(ended for _, ended in answers)
-
-
-def first_token_at(prompt: str) -> float:
-    """When (time.monotonic) the first token of a short stream from ``tli`` arrived."""
-    started = time.monotonic()
-    stats = streaming.measure(SERVER["http"], "tli", prompt, max_tokens=4, stream=True)
-    return started + stats.ttft_s
+        answered = [f.result() for f in late]
+    assert dict(zip(survivors, answers, strict=True)) == expected
+    assert dict(zip(latecomers, answered, strict=True)) == short
+    # The engine's own record: the cancelled requests gave back their slots (at most the two
+    # survivors held one afterwards), and no latecomer had to wait for a slot.
+    assert cancellations()[-1][1] <= 2
+    assert "tli: a request waits for room" not in server_log(server, start)
 
 
 @pytest.mark.integration
 def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(server):
-    def ask(prompt: str) -> tuple[float, object]:
-        started = time.monotonic()
+    def ask(prompt: str) -> object:
         try:
-            outcome = client.generate(server.http_url, "tlq", prompt, max_tokens=8)
+            return client.generate(server.http_url, "tlq", prompt, max_tokens=8)
         except InferenceError as exc:
-            outcome = exc
-        return time.monotonic() - started, outcome
+            return exc
 
+    start, queued = len(server_log(server)), "tlq: a request waits for room"
     running = streaming.stream(server.http_url, "tlq", "Once upon", max_tokens=240, stream=True)
     next(running)  # the one slot is taken
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(1) as pool:
         first = pool.submit(ask, "Hi")
-        time.sleep(0.3)  # whichever of the two reaches the model second finds the queue full
-        second = pool.submit(ask, "Hello")
-        outcomes = [first.result(), second.result()]
+        wait_for(lambda: queued in server_log(server, start), 30, "the first request to queue")
+        busy = ask("Hello")  # the queue (max_queue_size=1) is full
         rest = "".join(running)
-    refused = [(s, o) for s, o in outcomes if isinstance(o, InferenceError)]
-    answered = [o for _, o in outcomes if not isinstance(o, InferenceError)]
-    assert rest and len(refused) == 1 and len(answered) == 1  # one waited, in its turn
-    seconds, busy = refused[0]
-    assert seconds < 1.0 and busy.status == 400  # Triton 2.51's /generate: 400 for every error
+        answered = first.result()
+    assert rest and answered.text.startswith("Hi")  # the first waited, then had its turn
+    assert isinstance(busy, InferenceError) and busy.status == 400  # Triton 2.51's /generate
     assert "busy: 1 prompts are generating and 1 requests are waiting" in str(busy)
     assert "(max_queue_size=1); retry later" in str(busy)
+    # Refused at once: the engine never queued it (one request waited, not two).
+    assert server_log(server, start).count(queued) == 1
     assert client.generate(server.http_url, "tlq", "Hi").text.startswith("Hi")
 
 
@@ -389,7 +430,7 @@ def test_a_killed_stub_is_unhealthy_and_recover_reloads_it_then_unload_stops_the
     wait_for(lambda: stubs(server).get("tlr", [victim]) != [victim], 60, "a new stub")
     assert client.generate(server.http_url, "tlr", "Hi").text.startswith("Hi")
     assert unhealthy(server) == {}
-    unload(server, "tlr")  # finalize stops the engine thread, which says so
+    server.unload_model("tlr")  # finalize stops the engine thread, which says so
     wait_for(lambda: log_count(server, "tlr: in-flight engine stopped"), 30, "the engine's stop")
 
 

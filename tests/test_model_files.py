@@ -31,6 +31,8 @@ TEMPLATE_SOURCES = {"textgen": "smollm2/1", "embedding": "minilm/1"}
 LOCAL_LINKS = ("weights", "hf_cache")
 # What the server's Python environment has (an NGC container included), besides the stdlib.
 SERVER_PACKAGES = {"numpy", "torch", "transformers", "triton_python_backend_utils"}
+# Modules that model.py imports only when a config asks for them (in-flight batching).
+ON_REQUEST = {"smollm2/1": ("inflight",)}
 
 
 def committed_links() -> list[Path]:
@@ -129,10 +131,29 @@ def test_the_model_folder_imports_as_a_package_the_way_triton_does(source):
     with imported_as_triton_does(folder) as model:
         loaded = {name for name in sys.modules if name.startswith("1.")}
         assert model.TritonPythonModel.__module__ == "1.model"
-    assert loaded == {f"1.{path.stem}" for path in folder.glob("*.py")}  # every file is used
+    used = {f"1.{path.stem}" for path in folder.glob("*.py")}  # every file is used...
+    assert loaded == used - {f"1.{name}" for name in ON_REQUEST.get(source, ())}
+
+
+@pytest.mark.parametrize(("source", "module"), [(s, m) for s, ms in ON_REQUEST.items() for m in ms])
+def test_a_module_that_model_py_imports_on_request_imports_as_triton_does_it(source, module):
+    with imported_as_triton_does(REPOSITORY / source, module) as imported:
+        assert imported.__name__ == f"1.{module}"
+
+
+def test_the_engine_settings_import_only_the_standard_library_so_labkit_can_load_them():
+    path = REPOSITORY / "smollm2" / "1" / "engine_settings.py"
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." if node.level else node.module.split(".")[0])
+    assert imported <= set(sys.stdlib_module_names)
 
 
 # -- packaging ---------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_wheel_and_an_sdist_carry_the_templates_as_real_files(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()

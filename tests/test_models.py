@@ -18,9 +18,16 @@ TEMPLATE = ROOT / "labkit" / "templates" / "textgen"
 
 
 @pytest.fixture(scope="module")
-def template():
-    """The template's model.py as a module, imported as Triton does, with the server's utils."""
-    with imported_as_triton_does(TEMPLATE) as module:
+def loading():
+    """The template's loading.py (where the weights come from), imported as Triton does."""
+    with imported_as_triton_does(TEMPLATE, "loading") as module:
+        yield module
+
+
+@pytest.fixture(scope="module")
+def protocol():
+    """The template's protocol.py (config, requests, responses), with the server's utils."""
+    with imported_as_triton_does(TEMPLATE, "protocol") as module:
         yield module
 
 
@@ -81,6 +88,7 @@ def test_catalog_holds_the_tutorial_models_and_memory_estimates():
     assert falcon.weights_bytes == int(6.92e9 * 2)  # the catalog's 6.92 B parameters in float16
 
 
+@pytest.mark.integration
 def test_prepare_repository_links_built_weights_and_is_cheap_when_done(tmp_path):
     repository.add_model(tmp_path, "tiny-falcon", name="tf")
     repository.add_model(tmp_path, "opt125m")  # a hub model: nothing to build
@@ -110,6 +118,7 @@ def test_prepare_repository_links_built_weights_and_is_cheap_when_done(tmp_path)
     assert {p: p.stat().st_mtime_ns for p in checkpoint.rglob("*")} == files
 
 
+@pytest.mark.integration
 def test_two_processes_building_at_once_get_one_complete_checkpoint(tmp_path):
     env = {**os.environ, "LABKIT_CACHE": str(tmp_path)}
     code = "from labkit.repository import build_weights; print(build_weights('tiny-falcon'))"
@@ -131,25 +140,25 @@ def test_two_processes_building_at_once_get_one_complete_checkpoint(tmp_path):
     assert leftovers == ["tiny-falcon-v1"]
 
 
-def test_gated_model_without_a_token_names_hf_token(template):
-    with pytest.raises(template.TokenError, match="HF_TOKEN.*PRIVATE_REPO_TOKEN"):
-        template.require_token("meta-llama/Llama-2-7b-hf", True, {})
-    assert template.require_token("facebook/opt-125m", False, {}) is None
+def test_gated_model_without_a_token_names_hf_token(loading):
+    with pytest.raises(loading.TokenError, match="HF_TOKEN.*PRIVATE_REPO_TOKEN"):
+        loading.require_token("meta-llama/Llama-2-7b-hf", True, {})
+    assert loading.require_token("facebook/opt-125m", False, {}) is None
 
 
-def test_token_comes_from_hf_token_first_then_the_tutorial_alias(template):
-    assert template.hub_token({"PRIVATE_REPO_TOKEN": "p"}) == ("PRIVATE_REPO_TOKEN", "p")
-    assert template.hub_token({"PRIVATE_REPO_TOKEN": "p", "HF_TOKEN": "h"}) == ("HF_TOKEN", "h")
-    assert template.hub_token({"HF_TOKEN": "  "}) == (None, None)
-    assert template.require_token("meta-llama/Llama-2-7b-hf", True, {"HF_TOKEN": "h"}) == "h"
+def test_token_comes_from_hf_token_first_then_the_tutorial_alias(loading):
+    assert loading.hub_token({"PRIVATE_REPO_TOKEN": "p"}) == ("PRIVATE_REPO_TOKEN", "p")
+    assert loading.hub_token({"PRIVATE_REPO_TOKEN": "p", "HF_TOKEN": "h"}) == ("HF_TOKEN", "h")
+    assert loading.hub_token({"HF_TOKEN": "  "}) == (None, None)
+    assert loading.require_token("meta-llama/Llama-2-7b-hf", True, {"HF_TOKEN": "h"}) == "h"
 
 
-def test_refused_token_message_never_shows_the_token(template):
+def test_refused_token_message_never_shows_the_token(loading):
     error = OSError("401 Client Error for url https://huggingface.co/x?token=hf_secret123")
-    message = template.explain_load_error("x/y", error, {"HF_TOKEN": "hf_secret123"})
+    message = loading.explain_load_error("x/y", error, {"HF_TOKEN": "hf_secret123"})
     assert "hf_secret123" not in message and "HF_TOKEN was refused" in message
     gated = OSError("You are trying to access a gated repo. 401 Client Error")
-    assert "export HF_TOKEN" in template.explain_load_error("x/y", gated, {})
+    assert "export HF_TOKEN" in loading.explain_load_error("x/y", gated, {})
 
 
 @pytest.mark.parametrize(
@@ -164,24 +173,24 @@ def test_refused_token_message_never_shows_the_token(template):
         ({"top_k": -3}, "'top_k' must be >= 0"),
     ],
 )
-def test_bad_generation_parameters_are_named(template, values, match):
-    with pytest.raises(template.RequestError, match=match):
-        template.parse_settings(values, template.Settings())
+def test_bad_generation_parameters_are_named(protocol, values, match):
+    with pytest.raises(protocol.RequestError, match=match):
+        protocol.parse_settings(values, protocol.Settings())
 
 
-def test_config_defaults_are_parsed_from_strings_and_sampling_follows_temperature(template):
-    defaults = template.parse_settings(
+def test_config_defaults_are_parsed_from_strings_and_sampling_follows_temperature(protocol):
+    defaults = protocol.parse_settings(
         {"max_tokens": "32", "temperature": "0.7", "top_p": "0.9"},
-        template.Settings(),
+        protocol.Settings(),
         from_config=True,
     )
     assert (defaults.max_tokens, defaults.temperature, defaults.top_p) == (32, 0.7, 0.9)
-    assert defaults.do_sample and not template.Settings().do_sample
+    assert defaults.do_sample and not protocol.Settings().do_sample
 
 
-def test_weights_path_resolves_relative_to_the_model_folder(template, tmp_path):
+def test_weights_path_resolves_relative_to_the_model_folder(loading, tmp_path):
     (tmp_path / "weights").mkdir()
-    assert template.resolve_source("weights", tmp_path) == (str(tmp_path / "weights"), True)
-    assert template.resolve_source("tiiuae/falcon-7b", tmp_path) == ("tiiuae/falcon-7b", False)
-    with pytest.raises(template.RequestError, match="does not exist.*labkit prepare"):
-        template.resolve_source("./missing", tmp_path)
+    assert loading.resolve_source("weights", tmp_path) == (str(tmp_path / "weights"), True)
+    assert loading.resolve_source("tiiuae/falcon-7b", tmp_path) == ("tiiuae/falcon-7b", False)
+    with pytest.raises(loading.ConfigError, match="does not exist.*labkit prepare"):
+        loading.resolve_source("./missing", tmp_path)

@@ -7,12 +7,13 @@ true }``), ``execute`` reads each request with the shared ``RequestReader`` and 
 manager (``model.init_continuous_batching``: a paged KV cache and a FIFO scheduler that run in
 their own thread) and one dispatcher thread of this module, which:
 
-- admits waiting requests as soon as slots and KV blocks are free. Each prompt reserves the
-  blocks of ``prompt + max_tokens`` tokens when it is admitted, so the cache never runs out in
-  the middle of an answer (transformers' engine then stops for good: it cannot offload here);
+- admits waiting requests as soon as slots and KV blocks are free (the log says when a request
+  has to wait, and what the engine holds then). Each prompt reserves the blocks of ``prompt +
+  max_tokens`` tokens when it is admitted, so the cache never runs out in the middle of an
+  answer (transformers' engine then stops for good: it cannot offload here);
 - sends each request's responses through its own response sender: one per token when the
   request says ``"stream": true`` (the same pieces as the decoupled model's, see
-  ``streaming.py``), else one final response with the whole answer, which ``/generate`` needs;
+  ``decoupled.py``), else one final response with the whole answer, which ``/generate`` needs;
 - frees the slot of a request whose client went away (closed HTTP connection, cancelled gRPC
   stream) at the next step;
 - runs a request that samples or sets a repetition penalty whole, with ``generate``, while the
@@ -23,8 +24,8 @@ their own thread) and one dispatcher thread of this module, which:
   Triton (``Stub process ... is not healthy``) and ``labkit.server.unhealthy`` see, and what
   ``labkit.server.recover`` reloads.
 
-The limits are config.pbtxt parameters (:class:`Limits`; defaults measured on a 2-core CPU with
-SmolLM2-135M in float32). A request that can never fit them is refused (HTTP 400); one that
+The limits are config.pbtxt parameters (``engine_settings.Limits``; defaults measured on a 2-core
+CPU with SmolLM2-135M in float32). A request that can never fit them is refused (HTTP 400); one that
 finds ``max_queue_size`` requests already waiting is refused at once with UNAVAILABLE and a
 "busy: ...; retry later" message (Triton 2.51's ``/generate`` answers every model error with HTTP
 400; gRPC keeps the code), never left waiting without bound.
@@ -38,107 +39,36 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import transformers
 import triton_python_backend_utils as pb_utils
 from transformers import GenerationConfig
 
+from .decoupled import FINAL, RequestStream, Row, rest_of, stable_piece
+from .engine_settings import Limits, engine_settings
 from .protocol import (
     Prompts,
-    RequestError,
     Settings,
     answer,
-    as_bool,
-    as_int,
     busy_response,
     cancelled_response,
     error_response,
 )
-from .streaming import RequestStream, Row, rest_of, stable_piece
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+try:
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+except ImportError:  # transformers before 5.x
+    raise ImportError(
+        "inflight_batching needs transformers' continuous-batching engine "
+        f"(ContinuousBatchingConfig, transformers 5.x); this server has transformers "
+        f"{transformers.__version__}; upgrade it or serve without inflight_batching"
+    ) from None
+
 WARMUP_ID = "labkit-warmup"
 CANCEL_CHECK_S = 0.05  # how often the clients of running and waiting requests are asked
 STATS_EVERY_S = 60.0  # how often a busy engine logs what it did
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The engine's limits: config.pbtxt parameters of the same names (strings there).
-
-    Measured in-process on 2 cores (SmolLM2-135M, float32, answers of 4..64 tokens, seed 0): 16
-    running requests gave 98 output tokens/s to 16 clients where 8 gave 48; pages of 16 tokens with
-    64 tokens a step and pages of 32 with 256 were within the noise (75 and 82 tokens/s at 8
-    clients); 256 blocks of 16 tokens hold 16 requests of 256 tokens each (188 MB of float32 KV
-    for SmolLM2); a queue of 64 lets 64 streams wait (the soak: 0 refused) for at most about
-    four answers' time each.
-    """
-
-    max_running_requests: int = 16  # prompts generating at once (one slot each)
-    kv_page_size: int = 16  # tokens per page of the paged KV cache
-    kv_blocks: int = 256  # pages per layer: the cache holds kv_page_size * kv_blocks tokens
-    max_batch_tokens: int = 64  # tokens one step may process (decodes plus prefill chunks)
-    max_queue_size: int = 64  # requests waiting for a slot; one more is refused: busy
-
-    @property
-    def kv_tokens(self) -> int:
-        return self.kv_page_size * self.kv_blocks
-
-    def blocks(self, tokens: int) -> int:
-        """The KV blocks a prompt of ``tokens`` tokens (answer included) occupies at most."""
-        return -(-tokens // self.kv_page_size)
-
-
-def read_limits(params: Mapping[str, str]) -> Limits | None:
-    """The limits that config.pbtxt's parameters set, or None when in-flight batching is off."""
-    if not as_bool("inflight_batching", params.get("inflight_batching", "false"), from_config=True):
-        return None
-    values = {
-        f.name: as_int(
-            f.name,
-            params.get(f.name, str(f.default)),
-            minimum=0 if f.name == "max_queue_size" else 1,
-            from_config=True,
-        )
-        for f in fields(Limits)
-    }
-    if values["kv_page_size"] < 4:
-        raise RequestError(
-            f"parameter 'kv_page_size' must be >= 4 (transformers' paged cache), got "
-            f"{values['kv_page_size']}"
-        )
-    return Limits(**values)
-
-
-def engine_settings(limits: Limits) -> dict:
-    """``ContinuousBatchingConfig``'s arguments for ``limits`` (labkit's in-process limit uses
-    the same settings, so that the benchmark compares the served engine with itself)."""
-    return {
-        "page_size": limits.kv_page_size,
-        "num_blocks": limits.kv_blocks,
-        "max_batch_tokens": limits.max_batch_tokens,
-        "max_requests_per_batch": limits.max_running_requests,
-        "allow_block_sharing": False,  # every prompt's blocks are its own: reservations add up
-        "auto_switch_to_flash": False,  # keep the model's attention: generate() runs on it too
-        "safety_margin": 0.0,  # admission already keeps the cache from running out
-    }
-
-
-def serving_threads() -> int:
-    """torch threads for the engine on a CPU: one less than the cores this process may use.
-
-    The engine's thread, the dispatcher's and Triton's HTTP/gRPC threads need a core besides
-    torch's workers, and so does a benchmark client on the same host. Measured on 2 cores with
-    AIPerf on the same host (SmolLM2, 8 streams, answers of 4..64 tokens): torch's default of 2
-    threads gave 8 output tokens/s (its spinning workers starve the others), 1 thread 51-55.
-    """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 2
-    return max(1, cores - 1)
 
 
 def runs_whole(settings: Settings) -> bool:
@@ -196,7 +126,9 @@ class InflightEngine:
         self.name = name
         self.on_crash = on_crash or end_stub
         self.failure: str | None = None  # why the engine stopped, once it has
-        self.stats = {"answered": 0, "tokens": 0, "cancelled": 0, "busy": 0, "failed": 0}
+        self.stats = dict.fromkeys(
+            ("answered", "tokens", "waited", "cancelled", "busy", "failed"), 0
+        )
         self._lock = threading.Lock()
         self._waiting: deque[Job] = deque()  # valid requests, first come first served
         self._active: dict[str, tuple[Job, Row]] = {}  # engine request id -> its prompt
@@ -205,14 +137,6 @@ class InflightEngine:
         self._serial = 0
         self._stopping = threading.Event()
         self._attention = model.config._attn_implementation
-        try:  # imported here: only in-flight models need transformers 5, the others run on older
-            from transformers.generation.configuration_utils import ContinuousBatchingConfig
-        except ImportError:
-            raise RuntimeError(
-                f"{name}: inflight_batching needs transformers' continuous-batching engine "
-                f"(ContinuousBatchingConfig, transformers 5.x); this server has transformers "
-                f"{transformers.__version__}; upgrade it or serve without inflight_batching"
-            ) from None
         self.manager = model.init_continuous_batching(
             generation_config=GenerationConfig(
                 max_new_tokens=max_tokens,
@@ -285,10 +209,23 @@ class InflightEngine:
             if refusal is None:
                 self._waiting.append(job)
                 self._admit()
+                waits = not job.whole and not job.rids  # generate() requests always wait their turn
+                self.stats["waited"] += waits
+                room = self._room()
             else:
                 self.stats["busy"] += 1
         if refusal is not None:
             sender.send(busy_response(refusal), flags=FINAL)
+        elif waits:
+            pb_utils.Logger.log_info(f"{self.name}: a request waits for room ({room})")
+
+    def _room(self) -> str:
+        """What the engine holds now (lock held), for the log: slots, KV blocks, the queue."""
+        limits = self.limits
+        return (
+            f"{self._running}/{limits.max_running_requests} slots and {self._reserved}/"
+            f"{limits.kv_blocks} KV blocks taken, {len(self._waiting)} requests waiting"
+        )
 
     def _never_fits(self, prompts: Prompts) -> str | None:
         limits, count = self.limits, len(prompts.ids)
@@ -462,9 +399,11 @@ class InflightEngine:
                 self._end(job, outbox, cancelled_response())
                 self.stats["cancelled"] += 1
             self._admit()
+            room = self._room()
         self._send(outbox)
         pb_utils.Logger.log_info(
-            f"{self.name}: {len(gone)} request(s) cancelled by their clients; their slots are free"
+            f"{self.name}: {len(gone)} request(s) cancelled by their clients; their slots are "
+            f"free ({room})"
         )
 
     def _run_whole(self) -> None:
@@ -544,7 +483,8 @@ class InflightEngine:
         s = self.stats
         pb_utils.Logger.log_info(
             f"{self.name}: in-flight engine {what}: {steps} steps, {s['tokens']} tokens, "
-            f"{s['answered']} answered, {s['cancelled']} cancelled, {s['busy']} refused busy, "
+            f"{s['answered']} answered, {s['waited']} waited, {s['cancelled']} cancelled, "
+            f"{s['busy']} refused busy, "
             f"{s['failed']} failed; {self._running} prompts running, {len(self._waiting)} waiting"
         )
 

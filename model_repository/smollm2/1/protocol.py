@@ -1,20 +1,10 @@
-"""What a text-generation request may hold, and how it is answered: the model's wire contract.
+"""The model's contract: what config.pbtxt may set, what a request may hold, how it is answered.
 
-Every scheduler of this model folder (``model.py``'s batch of ``generate`` calls, the decoupled
-stream, the in-flight engine of ``inflight.py``) reads requests with :class:`RequestReader` and
-answers with the response functions at the end of this module (``streaming.RequestStream`` for
-token pieces), so all of them accept and refuse the same requests with the same words.
-
-A request holds ``text_input`` (TYPE_STRING, one prompt per element, any shape) and may set the
-request parameters ``max_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
-``seed`` and ``return_full_text`` (JSON-typed; config.pbtxt holds their defaults as strings). The
-answer ``text_output`` has the input's shape, one text per prompt. Anything else is refused with
-an error (HTTP 400) that names the field and the fix.
-
-``stream`` (true or false, default false) is how a client of the in-flight model asks for one
-response per token, as with Triton's vLLM backend: Triton does not tell a model whether a request
-came to ``/generate`` (which takes exactly one response) or to ``/generate_stream`` or a gRPC
-stream. The other schedulers read it and go on as before (a decoupled model always streams).
+Every scheduler of this folder (``model.py``'s batches, the decoupled stream of ``decoupled.py``,
+the in-flight engine of ``inflight.py``) reads requests with :class:`RequestReader` and answers
+with the response functions at the end, so all of them accept and refuse the same requests with
+the same words. A bad request is refused with :class:`RequestError` (HTTP 400) and serving goes
+on; a bad config.pbtxt raises :class:`ConfigError` and the model does not load.
 """
 
 from __future__ import annotations
@@ -22,14 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .engine_settings import Limits, read_limits
+
 INPUT_NAME = "text_input"
 OUTPUT_NAME = "text_output"
 # Request parameters the server itself may attach; never generation settings, never errors.
+# ``stream`` is how a client of the in-flight model asks for one response per token (as with
+# Triton's vLLM backend): Triton does not tell a model whether a request came to ``/generate``,
+# which takes exactly one response, or to ``/generate_stream``.
 IGNORED_PARAMETERS = frozenset(
     {
         "stream",
@@ -44,7 +38,11 @@ IGNORED_PARAMETERS = frozenset(
 
 
 class RequestError(ValueError):
-    """A request (or a config default) is invalid; the message names the field and the fix."""
+    """A request is invalid; the message names the field and the fix."""
+
+
+class ConfigError(ValueError):
+    """A config.pbtxt parameter is invalid; the message names the parameter and the fix."""
 
 
 @dataclass(frozen=True)
@@ -52,21 +50,22 @@ class Settings:
     """Generation settings. Requests with equal settings are generated together."""
 
     max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    repetition_penalty: float = 1.0  # 1: off
+    seed: int | None = None  # for sampling
 
     @property
     def do_sample(self) -> bool:
         return self.temperature > 0
 
 
-class Prompts(NamedTuple):
+@dataclass(frozen=True)
+class Prompts:
     """One request, read and checked: its prompts and how to generate and answer them."""
 
-    shape: tuple[int, ...]  # the shape of text_input; text_output gets the same
+    shape: tuple[int, ...]  # the shape of text_input (any); text_output gets the same
     texts: list[str]  # the prompts, in order
     ids: list[list[int]]  # each prompt's token ids
     settings: Settings
@@ -74,11 +73,62 @@ class Prompts(NamedTuple):
     stream: bool = False  # the client asked for one response per token (in-flight model)
 
 
-class Member(NamedTuple):
+@dataclass(frozen=True)
+class Member:
     """A valid request of a batch: its place in the batch's request list, and its prompts."""
 
     index: int
     prompts: Prompts
+
+
+# -- config.pbtxt -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Options:
+    """config.pbtxt's parameters, read and checked (Triton stores them all as strings)."""
+
+    huggingface_model: str  # a hub id, an absolute path or a path relative to the model's folder
+    defaults: Settings  # max_tokens, temperature...: the settings a request may override
+    full_text: bool  # return_full_text (default true, as in the tutorial)
+    gated: bool  # the hub model needs a token (Llama 2)
+    num_threads: int  # torch CPU threads; 0: torch's default, or serving_threads() in-flight
+    dtype: str  # auto: float16 on a GPU, float32 on a CPU; or a torch dtype's name
+    inflight: Limits | None  # inflight_batching's limits; None: no in-flight batching
+
+
+def read_options(config: dict) -> Options:
+    """The options of a model config (Triton's JSON form); raises :class:`ConfigError`."""
+    name = config.get("name", "model")
+    params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+    if "huggingface_model" not in params:
+        raise ConfigError(
+            f"model {name!r}: config.pbtxt has no parameter "
+            "'huggingface_model'; name a hub id or a folder there"
+        )
+    inflight = None
+    if as_bool("inflight_batching", params.get("inflight_batching", "false"), from_config=True):
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ConfigError(
+                f"model {name!r}: inflight_batching needs a decoupled model (its responses "
+                "leave after execute has returned); add model_transaction_policy { decoupled: "
+                "true } to config.pbtxt"
+            )
+        try:
+            inflight = read_limits(params)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return Options(
+        huggingface_model=params["huggingface_model"],
+        defaults=parse_settings(params, Settings(), from_config=True),
+        full_text=as_bool(
+            "return_full_text", params.get("return_full_text", "true"), from_config=True
+        ),
+        gated=as_bool("gated", params.get("gated", "false"), from_config=True),
+        num_threads=as_int(
+            "num_threads", params.get("num_threads", "0"), minimum=0, from_config=True
+        ),
+        dtype=params.get("dtype", "auto").strip() or "auto",
+        inflight=inflight,
+    )
 
 
 # -- reading a request --------------------------------------------------------------------------
@@ -105,7 +155,14 @@ class RequestReader:
                     f"exceeds the model's context of {self.context} tokens; shorten the prompt "
                     "or lower max_tokens"
                 )
-        return Prompts(array.shape, prompts, ids, settings, full_text, stream)
+        return Prompts(
+            shape=array.shape,
+            texts=prompts,
+            ids=ids,
+            settings=settings,
+            full_text=full_text,
+            stream=stream,
+        )
 
     def _input(self, request) -> np.ndarray:
         tensor = pb_utils.get_input_tensor_by_name(request, INPUT_NAME)
@@ -173,7 +230,7 @@ def group_by_settings(
         except RequestError as exc:
             refuse(index, str(exc))
             continue
-        groups.setdefault(prompts.settings, []).append(Member(index, prompts))
+        groups.setdefault(prompts.settings, []).append(Member(index=index, prompts=prompts))
     return groups
 
 
@@ -183,9 +240,11 @@ def parse_settings(
 ) -> Settings:
     """``base`` with the generation settings in ``values`` applied and checked.
 
-    Config parameters are strings (``from_config=True`` parses them); request parameters must
-    already have the right JSON type. Raises :class:`RequestError` naming the bad parameter.
+    Config parameters are strings (``from_config=True`` parses them, and a bad one raises
+    :class:`ConfigError`); request parameters must already have the right JSON type (a bad one
+    raises :class:`RequestError`).
     """
+    error = ConfigError if from_config else RequestError
     changes: dict[str, object] = {}
     if "max_tokens" in values:
         changes["max_tokens"] = as_int(
@@ -194,19 +253,19 @@ def parse_settings(
     if "temperature" in values:
         t = as_float("temperature", values["temperature"], from_config=from_config)
         if t < 0:
-            raise RequestError(f"parameter 'temperature' must be >= 0 (0 = greedy), got {t:g}")
+            raise error(f"parameter 'temperature' must be >= 0 (0 = greedy), got {t:g}")
         changes["temperature"] = t
     if "top_k" in values:
         changes["top_k"] = as_int("top_k", values["top_k"], minimum=0, from_config=from_config)
     if "top_p" in values:
         p = as_float("top_p", values["top_p"], from_config=from_config)
         if not 0 < p <= 1:
-            raise RequestError(f"parameter 'top_p' must be in (0, 1], got {p:g}")
+            raise error(f"parameter 'top_p' must be in (0, 1], got {p:g}")
         changes["top_p"] = p
     if "repetition_penalty" in values:
         r = as_float("repetition_penalty", values["repetition_penalty"], from_config=from_config)
         if r <= 0:
-            raise RequestError(f"parameter 'repetition_penalty' must be > 0, got {r:g}")
+            raise error(f"parameter 'repetition_penalty' must be > 0, got {r:g}")
         changes["repetition_penalty"] = r
     if "seed" in values:
         changes["seed"] = as_int("seed", values["seed"], minimum=0, from_config=from_config)
@@ -214,36 +273,39 @@ def parse_settings(
 
 
 def as_int(name: str, value: object, *, minimum: int, from_config: bool) -> int:
+    error = ConfigError if from_config else RequestError
     if from_config and isinstance(value, str):
         try:
             value = int(value.strip())
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"parameter {name!r} must be an integer, got {value!r}")
+        raise error(f"parameter {name!r} must be an integer, got {value!r}")
     if value < minimum:
-        raise RequestError(f"parameter {name!r} must be >= {minimum}, got {value}")
+        raise error(f"parameter {name!r} must be >= {minimum}, got {value}")
     return value
 
 
 def as_float(name: str, value: object, *, from_config: bool) -> float:
+    error = ConfigError if from_config else RequestError
     if from_config and isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RequestError(f"parameter {name!r} must be a number, got {value!r}")
+        raise error(f"parameter {name!r} must be a number, got {value!r}")
     if value != value or value in (float("inf"), float("-inf")):
-        raise RequestError(f"parameter {name!r} must be a finite number, got {value!r}")
+        raise error(f"parameter {name!r} must be a finite number, got {value!r}")
     return float(value)
 
 
 def as_bool(name: str, value: object, *, from_config: bool) -> bool:
+    error = ConfigError if from_config else RequestError
     if from_config and isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     if not isinstance(value, bool):
-        raise RequestError(f"parameter {name!r} must be true or false, got {value!r}")
+        raise error(f"parameter {name!r} must be true or false, got {value!r}")
     return value
 
 

@@ -1,24 +1,33 @@
-"""Token streaming for a decoupled model: each request's text goes out as it is generated.
+"""A decoupled model's responses: each request's text goes out as it is generated.
 
-With ``model_transaction_policy { decoupled: true }`` every request gets one response per
-generated token, holding the text that token added (empty while a multi-byte character is
-incomplete), then a last response flagged final with whatever text remains (usually empty). A
-request's pieces joined are exactly its non-streaming answer (with ``return_full_text`` the
-prompt comes with the first piece). Triton serves such a model over
-``/v2/models/<m>/generate_stream`` (server-sent events) and gRPC streaming. When every client of a
-batch has gone (HTTP connection closed, gRPC stream cancelled), generation stops at the next
-token instead of running to ``max_tokens``.
+With ``model_transaction_policy { decoupled: true }`` a request gets one response per generated
+token, holding the text that token added (empty while a multi-byte character is incomplete), then
+a last response flagged final with the rest (usually empty): its pieces joined are exactly its
+non-streaming answer (with ``return_full_text`` the prompt comes with the first piece). Triton
+serves such a model over ``/v2/models/<m>/generate_stream`` (server-sent events) and gRPC
+streaming. When every client of a batch has gone, generation stops at the next token.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import triton_python_backend_utils as pb_utils
 from transformers.generation.streamers import BaseStreamer
 
-from .protocol import Prompts, cancelled_response, text_response
+from .protocol import (
+    Member,
+    Prompts,
+    Settings,
+    cancelled_response,
+    error_response,
+    group_by_settings,
+    text_response,
+)
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class StreamCancelled(Exception):
@@ -79,16 +88,15 @@ class PieceStreamer(BaseStreamer):
 
     def finish(self) -> None:
         """Send every request its last response, flagged final."""
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for stream in self.streams:
             if stream.cancelled:
                 try:
-                    stream.sender.send(cancelled_response(), flags=final)
+                    stream.sender.send(cancelled_response(), flags=FINAL)
                 except Exception as exc:  # noqa: BLE001 (the request may be gone already)
                     pb_utils.Logger.log_info(f"cancelled request not told: {exc!r}")
                 continue
             texts = [rest_of(row, self.decode) for row in stream.rows]
-            stream.send(texts, flags=final)
+            stream.send(texts, flags=FINAL)
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: a key of put()'s pieces
@@ -127,6 +135,35 @@ class Row:
     new: list[int] = field(default_factory=list)  # the tokens generated for it
     emitted: str = ""  # the text sent for it
     done: bool = False  # ended (end-of-sequence token) or cancelled
+
+
+def read_decoupled(
+    requests: list, read: Callable[[object], Prompts]
+) -> tuple[list, dict[Settings, list[Member]]]:
+    """Each request's response sender, and the valid requests grouped by settings; each other
+    request is refused at once, in its final response."""
+    senders = [request.get_response_sender() for request in requests]
+
+    def refuse(index: int, message: str) -> None:
+        senders[index].send(error_response(message), flags=FINAL)
+
+    return senders, group_by_settings(requests, read, refuse)
+
+
+def end_streams(senders: list, exc: Exception, name: str) -> None:
+    """Tell each request of a failed (or cancelled) ``generate``, in its final response."""
+    if isinstance(exc, StreamCancelled):
+        pb_utils.Logger.log_info(f"{name}: {exc}; generation stopped")
+        response = cancelled_response
+    else:
+        pb_utils.Logger.log_error(f"{name}: generate failed: {exc!r}")
+        internal = pb_utils.TritonError.INTERNAL
+        response = functools.partial(error_response, f"generation failed: {exc}", internal)
+    for sender in senders:
+        try:
+            sender.send(response(), flags=FINAL)
+        except Exception as lost:  # noqa: BLE001 (the request is gone, e.g. cancelled)
+            pb_utils.Logger.log_warn(f"{name}: cannot send the error: {lost!r}")
 
 
 def rest_of(row: Row, decode: Callable[[list[int], list[int]], str]) -> str:

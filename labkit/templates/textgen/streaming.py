@@ -1,1 +1,0 @@
-../../../model_repository/smollm2/1/streaming.py

@@ -1,0 +1,88 @@
+"""The in-flight engine's settings: its limits (config.pbtxt parameters) and what they make.
+
+Standard library only: labkit loads this file too (``labkit.repository.textgen``), so that its
+benchmark builds the engine that the served model builds, from the same config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+
+# Defaults measured in-process on 2 cores (SmolLM2-135M, float32, answers of 4..64 tokens, seed
+# 0): 16 running requests gave 98 output tokens/s to 16 clients where 8 gave 48; pages of 16
+# tokens with 64 tokens a step and pages of 32 with 256 were within the noise (75 and 82 tokens/s
+# at 8 clients); 256 blocks of 16 tokens hold 16 requests of 256 tokens each (188 MB of float32 KV
+# for SmolLM2); a queue of 64 let 64 streams wait (the soak: 0 refused), each for at most about
+# four answers' time.
+@dataclass(frozen=True)
+class Limits:
+    """The engine's limits: config.pbtxt parameters of the same names (strings there)."""
+
+    max_running_requests: int = 16  # prompts generating at once (one slot each)
+    kv_page_size: int = 16  # tokens per page of the paged KV cache
+    kv_blocks: int = 256  # pages per layer: the cache holds kv_page_size * kv_blocks tokens
+    max_batch_tokens: int = 64  # tokens one step may process (decodes plus prefill chunks)
+    max_queue_size: int = 64  # requests waiting for a slot; one more is refused: busy
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_page_size * self.kv_blocks
+
+    def blocks(self, tokens: int) -> int:
+        """The KV blocks a prompt of ``tokens`` tokens (answer included) occupies at most."""
+        return -(-tokens // self.kv_page_size)
+
+
+# The least value of each limit; transformers' paged cache needs pages of 4 tokens or more.
+MINIMUM = {"kv_page_size": 4, "max_queue_size": 0}
+
+
+def read_limits(params: Mapping[str, str]) -> Limits:
+    """The limits that config.pbtxt's parameters set, defaults for the others.
+
+    Raises ``ValueError`` naming the parameter (the model reports it as a config error).
+    """
+    values = {}
+    for limit in fields(Limits):
+        text = params.get(limit.name, str(limit.default))
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError(f"parameter {limit.name!r} must be an integer, got {text!r}") from None
+        least = MINIMUM.get(limit.name, 1)
+        if value < least:
+            why = " (transformers' paged cache)" if limit.name == "kv_page_size" else ""
+            raise ValueError(f"parameter {limit.name!r} must be >= {least}{why}, got {value}")
+        values[limit.name] = value
+    return Limits(**values)
+
+
+def engine_settings(limits: Limits) -> dict:
+    """The arguments of transformers' ``ContinuousBatchingConfig`` for ``limits``."""
+    return {
+        "page_size": limits.kv_page_size,
+        "num_blocks": limits.kv_blocks,
+        "max_batch_tokens": limits.max_batch_tokens,
+        "max_requests_per_batch": limits.max_running_requests,
+        "allow_block_sharing": False,  # every prompt's blocks are its own: reservations add up
+        "auto_switch_to_flash": False,  # keep the model's attention: generate() runs on it too
+        "safety_margin": 0.0,  # admission already keeps the cache from running out
+    }
+
+
+def serving_threads() -> int:
+    """torch threads for a served model on a CPU: one less than the cores this process may use.
+
+    The engine's thread, the dispatcher's and Triton's HTTP/gRPC threads need a core besides
+    torch's workers, and so does a benchmark client on the same host. Measured on 2 cores with
+    AIPerf on the same host (SmolLM2, 8 streams, answers of 4..64 tokens): torch's default of 2
+    threads gave 8 output tokens/s (its spinning workers starve the others), 1 thread 51-55.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    return max(1, cores - 1)

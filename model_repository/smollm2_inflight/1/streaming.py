@@ -1,1 +1,0 @@
-../../smollm2/1/streaming.py
