@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import shutil
 from dataclasses import dataclass
@@ -29,6 +30,29 @@ DEVICES = ("auto", "cpu", "gpu")
 
 
 # -- what the host has --------------------------------------------------------------------------
+def host_facts() -> dict:
+    """Cores, CPU model, bfloat16 support, memory and load average: the context a benchmark's
+    figures are read in (every benchmark's JSON carries it as ``host``)."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model in ("", platform.machine(), "x86_64"):
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": model,
+        "avx512_bf16": "avx512_bf16" in flags.split(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "machine": platform.machine(),
+    }
+
+
 @dataclass(frozen=True)
 class Memory:
     """Memory of one device: ``cpu`` (host RAM) or ``gpu`` (the GPU with the least free)."""

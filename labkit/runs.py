@@ -6,6 +6,8 @@ logs, repository copies or figures, and nothing a run writes lands in the checko
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from datetime import datetime
 from pathlib import Path
@@ -63,3 +65,16 @@ def invocation_folder(out: str | os.PathLike | None = None) -> Path:
             "pass --out a folder you can write, or set LABKIT_RUNS"
         ) from exc
     return path.resolve()
+
+
+def write_result(run_dir: str | os.PathLike, name: str, result: object) -> Path:
+    """Write a benchmark's result to ``<run_dir>/<name>.json`` and return the path.
+
+    The one rule for every benchmark: the benchmark function writes its own figures into its run
+    folder (a dataclass is written as its fields), and returns them; the command line prints the
+    table and, given ``--json FILE``, writes the same figures there too.
+    """
+    data = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else result
+    path = Path(run_dir) / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -7,40 +7,43 @@ Two phases on one server, on a run folder's own copy of the model repository:
    its Python stubs (psutil) is sampled every second. Figures: requests answered and failed
    (Triton's own ``nv_inference_request_success`` / ``_failure`` counters), throughput and
    latencies, and memory growth between the first and the last ``memory_window_s`` seconds.
-2. **Faults** (``faults=True``), each under a load of ``fault_threads`` Python clients: the model
-   restarted (:func:`labkit.repository.restart`: new instances replace the old; failed requests
-   are counted), then its Python stub killed with SIGKILL and :func:`labkit.repository.
-   recover` called. Observed on Triton 2.51: the requests in flight on the stub fail with
-   ``Stub process '<m>_0' is not healthy.`` (some only once the new instance takes over), those
-   sent later fail at once with it or wait for the new instance, depending on timing.
+2. **Faults** (``faults=True``), each under a closed-loop :class:`labkit.load.Load` of
+   ``fault_threads`` Python clients: the model restarted (:func:`labkit.server.restart`: new
+   instances replace the old; failed requests are counted), then its Python stub killed with
+   SIGKILL and :func:`labkit.server.recover` called. Observed on Triton 2.51: the requests in
+   flight on the stub fail with ``Stub process '<m>_0' is not healthy.`` (some only once the new
+   instance takes over), those sent later fail at once with it or wait for the new instance,
+   depending on timing.
 
 The result (``soak.json`` in the run folder) says in ``passed`` whether the load had zero failed
 requests and memory grew by less than ``max_memory_growth_percent``. A benchmark, not a test: the
 machine's load average is part of the figures.
+
+``labkit bench inflight-soak`` (:func:`inflight_soak`) is the same memory watch on the in-flight
+model, with AIPerf keeping ``concurrency`` streams on it instead of perf_analyzer.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
 from labkit import proc, profiling
-from labkit.client import error_text
 from labkit.errors import ConfigError, ToolError
-from labkit.repository import prepare_run_repository
+from labkit.hardware import host_facts
+from labkit.load import Load
 from labkit.profiling import request_counts
-from labkit.server import TritonServer, recover, restart, stubs, unhealthy
+from labkit.repository import prepare_run_repository
+from labkit.runs import write_result
+from labkit.server import recover, restart, serving, stubs, unhealthy
 
 log = logging.getLogger(__name__)
 
@@ -72,59 +75,6 @@ class SoakSettings:
                 f"memory_window_s={self.memory_window_s:g} s; lengthen the run or shorten windows"
             )
         return self
-
-
-class Load:
-    """Threads that POST ``/generate`` to one model until stopped; every outcome is kept with the
-    time its request was sent: ``(sent, HTTP status or 0, error message)``."""
-
-    def __init__(self, url: str, model: str, threads: int = 4, prompt: str = "Hi") -> None:
-        self.url = f"http://{url.split('://', 1)[-1]}/v2/models/{model}/generate"
-        self.body = json.dumps({"text_input": prompt, "max_tokens": 2}).encode()
-        self.outcomes: list[tuple[float, int, str]] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            request = urllib.request.Request(self.url, data=self.body)
-            sent = time.monotonic()
-            try:
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    response.read()
-                    outcome = (response.status, "")
-            except urllib.error.HTTPError as exc:
-                outcome = (exc.code, error_text(exc))
-            except OSError as exc:
-                outcome = (0, repr(exc))
-            self.outcomes.append((sent, *outcome))
-
-    def successes(self, since: float = 0.0) -> int:
-        return sum(1 for sent, status, _ in self.outcomes if status == 200 and sent >= since)
-
-    def failures(self, since: float = 0.0, until: float = float("inf")) -> list[tuple[int, str]]:
-        return [(s, m) for t, s, m in self.outcomes if s != 200 and since <= t < until]
-
-    def wait_for(self, count: int, since: float = 0.0, timeout_s: float = 120.0) -> None:
-        """Wait until ``count`` requests sent after ``since`` were answered."""
-        deadline = time.monotonic() + timeout_s
-        while self.successes(since) < count:
-            if time.monotonic() > deadline:
-                raise ToolError(
-                    f"{self.url} answered {self.successes(since)} of {count} requests within "
-                    f"{timeout_s:g} s; last failures: {self.failures(since)[-3:]}"
-                )
-            time.sleep(0.1)
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=150)
 
 
 def server_memory(pid: int) -> int:
@@ -191,25 +141,11 @@ def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
         samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
     worker.join()
     after = request_counts(server.metrics_url, settings.model)
-    window = settings.memory_window_s
-    end = samples[-1][0] if samples else 0.0
-    first = [rss for t, rss in samples if t <= window]
-    last = [rss for t, rss in samples if t >= end - window]
-    memory = {"samples": len(samples), "seconds": end}
-    if first and last:
-        first_mib = statistics.fmean(first) / 2**20
-        last_mib = statistics.fmean(last) / 2**20
-        memory.update(
-            first_window_mib=round(first_mib, 1),
-            last_window_mib=round(last_mib, 1),
-            growth_percent=round((last_mib - first_mib) / first_mib * 100, 2),
-            peak_mib=round(max(rss for _, rss in samples) / 2**20, 1),
-        )
     return {
         "requests_succeeded": int(after["success"] - before["success"]),
         "requests_failed": int(after["failure"] - before["failure"]),
         **outcome,
-        "memory": memory,
+        "memory": memory_figures(samples, settings.memory_window_s),
     }
 
 
@@ -218,7 +154,8 @@ def fault_phase(server, settings: SoakSettings) -> dict:
     half = settings.fault_window_s / 2
     figures: dict = {}
     old = set(stubs(server).get(settings.model, []))
-    with Load(server.http_url, settings.model, settings.fault_threads) as load:
+    load = Load(server.http_url, settings.model, max_tokens=2, concurrency=settings.fault_threads)
+    with load:
         load.wait_for(settings.fault_threads)
         time.sleep(half)
         started = time.monotonic()
@@ -229,7 +166,7 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         "seconds": round(reloaded - started, 1),
         "requests": len(load.outcomes),
         "failed": len(load.failures()),
-        "errors": sorted({m for _, m in load.failures()})[:3],
+        "errors": sorted({o.error for o in load.failures()})[:3],
     }
     deadline = time.monotonic() + 60
     while old & set(stubs(server).get(settings.model, [])) and time.monotonic() < deadline:
@@ -238,7 +175,8 @@ def fault_phase(server, settings: SoakSettings) -> dict:
     if not victims:
         figures["stub_kill"] = {"skipped": f"{settings.model} has no Python stub process"}
         return figures
-    with Load(server.http_url, settings.model, settings.fault_threads) as load:
+    load = Load(server.http_url, settings.model, max_tokens=2, concurrency=settings.fault_threads)
+    with load:
         load.wait_for(settings.fault_threads)
         killed = time.monotonic()
         os.kill(victims[0], signal.SIGKILL)
@@ -257,7 +195,7 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         "refused_while_dead": len(refused),
         "answered_while_dead": load.successes(killed) - load.successes(recovered),
         "failed_in_all": len(load.failures()),
-        "errors": sorted({m for _, m in load.failures()})[:3],
+        "errors": sorted({o.error for o in load.failures()})[:3],
         "failed_after_recover": len(load.failures(recovered)),
         "answered_after_recover": load.successes(recovered),
     }
@@ -274,16 +212,8 @@ def run_soak(settings: SoakSettings, run_dir: str | os.PathLike, source=None) ->
         "cpu_count": os.cpu_count(),
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
-    server = TritonServer(
-        repo,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        load_models=[settings.model],
-        startup_timeout_s=settings.startup_timeout_s,
-        log_path=run_dir / "tritonserver.log",
-    )
-    with server:
+    options = {"startup_timeout_s": settings.startup_timeout_s, "warm": False}
+    with serving(run_dir, repo.path, [settings.model], **options) as server:
         result["load"] = load_phase(server, settings, run_dir)
         result["load_average_after_load"] = [round(x, 2) for x in os.getloadavg()]
         if settings.faults:
@@ -295,6 +225,7 @@ def run_soak(settings: SoakSettings, run_dir: str | os.PathLike, source=None) ->
         "memory_growth_under_limit": growth is not None
         and growth < settings.max_memory_growth_percent,
     }
+    write_result(run_dir, "soak", result)
     return result
 
 
@@ -337,4 +268,135 @@ def table(result: dict) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
-# -- command line ------------------------------------------------------------------------------
+def memory_figures(samples: list[tuple[float, int]], window_s: float) -> dict:
+    """Mean resident MiB over the first and the last ``window_s`` seconds, growth and peak."""
+    end = samples[-1][0] if samples else 0.0
+    first = [rss for t, rss in samples if t <= window_s]
+    last = [rss for t, rss in samples if t >= end - window_s]
+    figures: dict = {"samples": len(samples), "seconds": end}
+    if first and last:
+        first_mib, last_mib = statistics.fmean(first) / 2**20, statistics.fmean(last) / 2**20
+        figures.update(
+            first_window_mib=round(first_mib, 1),
+            last_window_mib=round(last_mib, 1),
+            growth_percent=round((last_mib - first_mib) / first_mib * 100, 2),
+            peak_mib=round(max(rss for _, rss in samples) / 2**20, 1),
+        )
+    return figures
+
+
+# -- labkit bench inflight-soak -----------------------------------------------------------------
+#: The figures of AIPerf's row that :func:`inflight_soak` keeps.
+INFLIGHT_SOAK_FIGURES = (
+    "requests",
+    "failed",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "request_p99_ms",
+    "aiperf_cpu_share",
+)
+
+
+@dataclass
+class InflightSoakSettings:
+    """Many streams for a while on the in-flight model (the issue's soak: 64 streams, 60 s)."""
+
+    model: str = "smollm2_inflight"
+    concurrency: int = 64
+    duration_s: float = 60.0
+    memory_window_s: float = 20.0
+    streaming: bool = True
+    startup_timeout_s: float = 600.0
+
+    def check(self) -> InflightSoakSettings:
+        if self.concurrency < 1 or not 0 < 2 * self.memory_window_s <= self.duration_s:
+            raise ConfigError(
+                f"concurrency {self.concurrency} must be >= 1 and duration_s="
+                f"{self.duration_s:g} must hold two memory windows of {self.memory_window_s:g} s"
+            )
+        return self
+
+
+def inflight_soak(
+    repository: str | os.PathLike,
+    run_dir: str | os.PathLike,
+    settings: InflightSoakSettings | None = None,
+) -> dict:
+    """AIPerf keeps ``concurrency`` streams on the model for ``duration_s`` while the resident
+    memory of tritonserver and its stubs is sampled each second. Figures, never a verdict of
+    speed: requests answered and failed (refused busy included), tokens/s, memory growth."""
+    s = (settings or InflightSoakSettings()).check()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    repo = prepare_run_repository(run_dir, models=[s.model], source=repository)
+    result: dict = {"settings": asdict(s), "host": host_facts()}
+    samples: list[tuple[float, int]] = []
+    with serving(run_dir, repo.path, [s.model], startup_timeout_s=s.startup_timeout_s) as server:
+        done = threading.Event()
+        outcome: dict = {}
+
+        def load() -> None:
+            try:
+                outcome["frame"] = profiling.run_aiperf(
+                    server,
+                    s.model,
+                    profiling.mixed_workload(max(64, s.concurrency)),
+                    concurrency=s.concurrency,
+                    streaming=s.streaming,
+                    duration_s=s.duration_s,
+                    run_dir=run_dir / "aiperf",
+                    label="soak",
+                    timeout_s=s.duration_s * 5 + 300,
+                    progress=False,
+                )
+            except Exception as exc:  # noqa: BLE001 (reported in the figures)
+                outcome["error"] = str(exc)
+            finally:
+                done.set()
+
+        started = time.monotonic()
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+        while not done.wait(1.0):
+            samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
+        worker.join()
+        stats = [line for line in server.log_tail(400).splitlines() if "in-flight engine" in line]
+    if "frame" in outcome:
+        row = outcome["frame"].iloc[0].to_dict()
+        result.update({key: _figure(row.get(key)) for key in INFLIGHT_SOAK_FIGURES})
+    else:
+        result["error"] = outcome.get("error", "AIPerf did not finish")
+    result["engine_log"] = stats[-2:]
+    result["memory"] = memory_figures(samples, s.memory_window_s)
+    result["host"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    write_result(run_dir, "inflight-soak", result)
+    return result
+
+
+def _figure(value):
+    """A figure for JSON: floats to 3 decimals (NaN to None), numpy scalars to Python's."""
+    if isinstance(value, float):
+        return None if value != value else round(value, 3)
+    return value.item() if hasattr(value, "item") else value
+
+
+def inflight_soak_table(result: dict) -> str:
+    """The in-flight soak's figures as lines of text."""
+    s, m = result["settings"], result["memory"]
+    rows = [
+        f"{s['model']}: {s['concurrency']} {'streams' if s['streaming'] else 'clients'} for "
+        f"{s['duration_s']:g} s",
+        f"requests {result.get('requests')}, failed {result.get('failed')} (busy refusals count)",
+        f"output tokens/s {result.get('output_tokens_per_s')}, TTFT p50/p99 "
+        f"{result.get('ttft_p50_ms')}/{result.get('ttft_p99_ms')} ms",
+        f"resident memory first/last {s['memory_window_s']:g} s: {m.get('first_window_mib')}/"
+        f"{m.get('last_window_mib')} MiB ({m.get('growth_percent')}%), peak {m.get('peak_mib')}",
+        f"load average {result['host']['load_average_start']} -> "
+        f"{result['host'].get('load_average_end')} on {result['host']['cores']} cores",
+    ]
+    if "error" in result:
+        rows.append(f"error: {result['error']}")
+    return "\n".join(rows)

@@ -27,11 +27,11 @@ from conftest import wait_for, write_python_model
 from labkit import client, profiling
 from labkit.cluster import REPLICA_HEADER, Checks, Cluster, failover, locate_haproxy, render_config
 from labkit.cluster.balancer import Target
-from labkit.errors import ServerError
+from labkit.errors import MissingDependencyError, ServerError
 
 try:
     HAPROXY = str(locate_haproxy())
-except Exception:  # noqa: BLE001 (reported by the skip below)
+except MissingDependencyError:  # not on PATH nor in /usr/sbin: any other error is a failure
     HAPROXY = None
 
 pytestmark = pytest.mark.skipif(
@@ -106,6 +106,7 @@ def cluster(tmp_path_factory):
 
 
 # -- the configuration -------------------------------------------------------------------------
+@pytest.mark.integration  # runs haproxy -c
 def test_haproxy_accepts_the_generated_configuration(tmp_path):
     targets = [Target("r0", 18000, 18001, 18100), Target("r1", 18010, 18011, 18110)]
     text = render_config(
@@ -170,11 +171,16 @@ def test_a_killed_tritonserver_costs_no_request_and_is_replaced(cluster):
     f = result.figures
     print(result.table().to_string())
     assert f["failed"] == 0, f["failures_by_cause"]
-    assert f["answered"] >= 60
-    assert 0 < f["s_to_leave_pool"] < 3
-    assert f["s_to_leave_pool"] < f["s_to_repaired"] <= f["s_to_rejoin_pool"]
+    # Counted in requests: the load went on through the kill, every request sent after it was
+    # answered (HAProxy retried those the dead replica got until its health check took it out),
+    # the other replica answered all of them while it was out, and it answered again after.
+    assert f["sent_after_kill"] > 0 and f["failed_after_kill"] == 0
+    assert f["answered_by_others_while_out"] > 0 and f["answered_by_it_while_out"] == 0
+    assert 0 < f["s_to_leave_pool"] < f["s_to_repaired"] <= f["s_to_rejoin_pool"]  # the order
     assert f["s_to_first_answer_after_rejoin"] >= f["s_to_rejoin_pool"]
-    assert f["answered_by_it_while_out"] == 0
+    frame = result.requests
+    assert set(frame[frame["sent_s"] < 0]["replica"]) == {"r0", "r1"}
+    assert (frame[frame["sent_s"] >= f["s_to_rejoin_pool"]]["replica"] == "r0").any()
     assert cluster.replica(0).server.pid != first and cluster.replica(0).generation >= 1
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
 
@@ -185,9 +191,10 @@ def test_a_killed_stub_costs_no_request_and_the_replica_rejoins_after_recover(cl
     f = result.figures
     print(result.table().to_string())
     assert f["failed"] == 0, f["failures_by_cause"]
-    assert 0 < f["s_to_leave_pool"] < 3
+    assert f["sent_after_kill"] > 0 and f["failed_after_kill"] == 0
+    assert f["answered_by_others_while_out"] > 0 and f["answered_by_it_while_out"] == 0
+    assert 0 < f["s_to_leave_pool"] < f["s_to_rejoin_pool"]  # the order, not how long
     assert f["s_to_repaired"] <= f["s_to_rejoin_pool"] + 0.5
-    assert f["answered_by_it_while_out"] == 0
     # The lesson of the figure: answered by both before the kill, by r0 alone while r1 was out.
     frame = result.requests
     assert set(frame[frame["done_s"] < 0]["replica"]) == {"r0", "r1"}
@@ -222,7 +229,7 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
 def test_a_cluster_that_cannot_start_stops_everything_it_started(tmp_path):
     repo = echo_repository(tmp_path)
     cluster = Cluster(repo, 2, load_models=["echo", "missing"], run_dir=tmp_path / "run")
-    with pytest.raises(ServerError):
+    with pytest.raises(ServerError, match=r"(?s)exited with status.*failed to load all models"):
         cluster.start()
     assert ours(str(tmp_path)) == []
     cluster.stop()

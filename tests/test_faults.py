@@ -29,9 +29,9 @@ from conftest import group_alive, wait_for, write_notebook, write_python_model
 from labkit import repository
 from labkit.cli import main
 from labkit.errors import ServerError
+from labkit.load import Load
 from labkit.repository import Repository
 from labkit.server import index, recover, reload, served_config, stubs, unhealthy
-from labkit.soak import Load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def test_a_model_reloaded_under_load_fails_no_request(server, record_property):
     before = stubs(server)["tfr"]
     config = Repository(server.model_repository).config("tfr")
     config.parameters["max_tokens"].string_value = "3"
-    with Load(server.http_url, "tfr") as load:
+    with Load(server.http_url, "tfr", max_tokens=2) as load:
         wait_for(lambda: load.successes() >= 4, 60, "4 answers before the reload")
         started = time.monotonic()
         reload(server, "tfr", config)
@@ -78,7 +78,9 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
     server, record_property
 ):
     (victim,) = stubs(server)["tf"]
-    with Load(server.http_url, "tf") as load, Load(server.http_url, "tfr", threads=1) as neighbour:
+    load = Load(server.http_url, "tf", max_tokens=2)
+    neighbour = Load(server.http_url, "tfr", max_tokens=2, concurrency=1)
+    with load, neighbour:
         wait_for(lambda: load.successes() >= 4, 60, "4 answers before the kill")
         killed = time.monotonic()
         os.kill(victim, signal.SIGKILL)
@@ -91,8 +93,8 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
         recovered = time.monotonic()
         wait_for(lambda: load.successes(recovered) >= 4, 60, "answers after recover()")
     failures = load.failures(killed)
-    assert {message for _, message in failures} == {"Stub process 'tf_0' is not healthy."}
-    assert {status for status, _ in failures} == {400}
+    assert {o.error for o in failures} == {"Stub process 'tf_0' is not healthy."}
+    assert {o.status for o in failures} == {400}
     assert load.failures(recovered) == []  # sent after recover() returned: all answered
     assert neighbour.failures() == [] and neighbour.successes(killed) > 0
     assert unhealthy(server) == {} and stubs(server)["tf"] != [victim]
@@ -221,6 +223,7 @@ def mounted(tmp_path):
         subprocess.run(["umount", "-l", str(point)], capture_output=True, check=False)
 
 
+@pytest.mark.integration
 def test_a_read_only_run_folder_is_a_clear_error_before_any_notebook_runs(
     tmp_path, mounted, capsys
 ):
@@ -233,6 +236,7 @@ def test_a_read_only_run_folder_is_a_clear_error_before_any_notebook_runs(
     assert "Traceback" not in error
 
 
+@pytest.mark.integration
 def test_a_full_disk_fails_the_run_with_a_clear_error(tmp_path, mounted, capsys):
     full = mounted("size=256k")
     folder = tmp_path / "notebooks"

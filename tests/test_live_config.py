@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from labkit.cli import main as labkit_main
 from labkit.errors import ConfigError, ServerError
 from labkit.repository import Repository
-from labkit.server import TritonServer, index, reload, served_config, unload
+from labkit.server import TritonServer, index, reload, served_config
 
 pytestmark = pytest.mark.integration
 
@@ -186,7 +186,7 @@ def test_a_failing_model_leaves_the_others_serving_and_its_error_carries_the_rea
 
 
 def test_unload_and_load_again(server):
-    unload(server, "double")
+    server.unload_model("double")
     frame = index(server).set_index("name")
     assert frame.loc["double", "state"] == "UNAVAILABLE"
     with pytest.raises(InferenceServerException, match="unknown model: 'double'"):

@@ -4,11 +4,12 @@
 - :mod:`.health`: a readiness endpoint per replica that also sees a dead Python stub;
 - :mod:`.pool`: :class:`Cluster`: N :class:`~labkit.server.TritonServer` replicas behind HAProxy,
   a dead one replaced, everything stopped as one;
-- :mod:`.failover`: steady load through the balancer while a replica is killed, measured.
+- :mod:`.failover`: steady load (:class:`labkit.load.Load`) through the balancer while a replica
+  is killed, measured.
 """
 
 from .balancer import REPLICA_HEADER, Checks, HAProxy, locate_haproxy, render_config
-from .failover import FailoverResult, Traffic, failover, figure
+from .failover import FailoverResult, failover, figure
 from .pool import FAULTS, Cluster, Replica, start_cluster
 
 __all__ = [
@@ -19,7 +20,6 @@ __all__ = [
     "FailoverResult",
     "HAProxy",
     "Replica",
-    "Traffic",
     "failover",
     "figure",
     "locate_haproxy",

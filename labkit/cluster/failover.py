@@ -1,8 +1,9 @@
 """Failover, measured: a steady load through the balancer while one replica is killed.
 
-:class:`Traffic` sends inference requests at a fixed rate through the cluster's HTTP address and
-keeps every outcome: when it was sent and answered, the HTTP status, the replica that answered
-(HAProxy's ``X-Labkit-Replica`` header) and the error. :func:`failover` runs one experiment:
+A paced :class:`labkit.load.Load` sends inference requests (``/infer``) at a fixed rate through
+the cluster's HTTP address and keeps every outcome: when it was sent and answered, the HTTP
+status, the replica that answered (HAProxy's ``X-Labkit-Replica`` header) and the error.
+:func:`failover` runs one experiment:
 
 1. traffic for ``warmup_s``;
 2. the fault: SIGKILL of a replica's ``tritonserver`` (``fault="server"``), or of one of its
@@ -19,168 +20,41 @@ time. A benchmark, not a test: the machine's load average is part of the figures
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import os
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from labkit.client import INPUT_NAME, model_batches
 from labkit.cluster.balancer import REPLICA_HEADER
 from labkit.cluster.pool import FAULTS, Cluster
 from labkit.errors import ConfigError, ServerTimeoutError
+from labkit.load import Load, Outcome
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """One request: sent and answered (``time.monotonic()``), status (0: no HTTP answer),
-    the replica that answered, and the error text of a failure."""
-
-    sent: float
-    done: float
-    status: int
-    replica: str
-    error: str
+#: The most requests one experiment sends (its duration bounds it too).
+MAX_REQUESTS = 5000
 
 
-class Traffic:
-    """``rate_per_s`` inference requests a second to ``model`` through ``url``, from ``workers``
-    threads with a kept-alive connection each; stops by itself after ``max_requests`` or
-    ``max_duration_s``. A request whose slot has passed is sent at once (never more than
-    ``workers`` in flight)."""
-
-    def __init__(
-        self,
-        url: str,
-        model: str,
-        *,
-        prompt: str = "Hi",
-        rate_per_s: float = 20.0,
-        workers: int = 4,
-        max_requests: int = 5000,
-        max_duration_s: float = 180.0,
-        timeout_s: float = 60.0,
-        parameters: dict | None = None,
-    ) -> None:
-        if rate_per_s <= 0 or workers < 1:
-            raise ConfigError(f"rate_per_s={rate_per_s} must be > 0 and workers={workers} >= 1")
-        address = url.split("://", 1)[-1].rstrip("/")
-        self.host, _, port = address.rpartition(":")
-        self.port = int(port)
-        self.path = f"/v2/models/{model}/infer"
-        shape = [1, 1] if model_batches(address, model) else [1]
-        body: dict = {
-            "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": shape, "data": [prompt]}]
+def requests_frame(outcomes: list[Outcome], origin: float = 0.0) -> pd.DataFrame:
+    """One row per request, times in seconds since ``origin``."""
+    rows = [
+        {
+            "sent_s": round(o.sent - origin, 4),
+            "done_s": round(o.ended - origin, 4),
+            "latency_ms": round(o.latency_s * 1000, 2),
+            "status": o.status,
+            "replica": o.replica or "-",
+            "ok": o.ok,
+            "error": o.error,
         }
-        if parameters:
-            body["parameters"] = parameters
-        self.body = json.dumps(body).encode()
-        self.rate_per_s = rate_per_s
-        self.max_requests = max_requests
-        self.max_duration_s = max_duration_s
-        self.timeout_s = timeout_s
-        self.outcomes: list[Outcome] = []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._sent = 0
-        self.started: float | None = None
-        self._threads = [
-            threading.Thread(target=self._work, name=f"labkit-traffic-{i}", daemon=True)
-            for i in range(workers)
-        ]
-
-    def _next_slot(self) -> float | None:
-        with self._lock:
-            if self._sent >= self.max_requests:
-                return None
-            slot = self.started + self._sent / self.rate_per_s
-            self._sent += 1
-        return slot if slot - self.started <= self.max_duration_s else None
-
-    def _work(self) -> None:
-        connection = None
-        try:
-            while not self._stop.is_set():
-                slot = self._next_slot()
-                if slot is None or self._stop.wait(max(0.0, slot - time.monotonic())):
-                    return
-                if connection is None:
-                    connection = http.client.HTTPConnection(
-                        self.host, self.port, timeout=self.timeout_s
-                    )
-                outcome = self._send(connection)
-                if outcome.status == 0:  # the connection is broken: a new one next time
-                    connection.close()
-                    connection = None
-                self.outcomes.append(outcome)
-        finally:
-            if connection is not None:
-                connection.close()
-
-    def _send(self, connection: http.client.HTTPConnection) -> Outcome:
-        sent = time.monotonic()
-        try:
-            connection.request("POST", self.path, self.body, {"Content-Type": "application/json"})
-            response = connection.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            return Outcome(sent, time.monotonic(), 0, "", repr(exc))
-        error = "" if response.status == 200 else _error_text(data)
-        replica = response.getheader(REPLICA_HEADER, "")
-        return Outcome(sent, time.monotonic(), response.status, replica, error)
-
-    def answered(self, replica: str | None = None, since: float = 0.0) -> list[Outcome]:
-        return [
-            o
-            for o in list(self.outcomes)
-            if o.status == 200 and o.sent >= since and (replica is None or o.replica == replica)
-        ]
-
-    def failed(self) -> list[Outcome]:
-        return [o for o in list(self.outcomes) if o.status != 200]
-
-    def frame(self, origin: float = 0.0) -> pd.DataFrame:
-        """One row per request, times in seconds since ``origin``."""
-        rows = [
-            {
-                "sent_s": round(o.sent - origin, 4),
-                "done_s": round(o.done - origin, 4),
-                "latency_ms": round((o.done - o.sent) * 1000, 2),
-                "status": o.status,
-                "replica": o.replica or "-",
-                "ok": o.status == 200,
-                "error": o.error,
-            }
-            for o in list(self.outcomes)
-        ]
-        columns = ["sent_s", "done_s", "latency_ms", "status", "replica", "ok", "error"]
-        return pd.DataFrame(rows, columns=columns)
-
-    def __enter__(self) -> Traffic:
-        self.started = time.monotonic()
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self.timeout_s + 5)
-
-
-def _error_text(data: bytes) -> str:
-    text = data.decode("utf-8", "replace")
-    try:
-        return str(json.loads(text).get("error", text))
-    except (ValueError, AttributeError):
-        return text
+        for o in outcomes
+    ]
+    columns = ["sent_s", "done_s", "latency_ms", "status", "replica", "ok", "error"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 class PoolWatch:
@@ -267,20 +141,30 @@ def failover(
     """Kill one replica under a steady load through the balancer; measure what the clients saw."""
     if fault not in FAULTS:
         raise ConfigError(f"fault={fault!r}; use one of {', '.join(FAULTS)}")
+    if rate_per_s <= 0 or workers < 1:
+        raise ConfigError(f"rate_per_s={rate_per_s} must be > 0 and workers={workers} >= 1")
     name = cluster.replica(replica).name
     cluster.wait_ready(timeout_s)
     load_before = os.getloadavg()
-    traffic = Traffic(
+    traffic = Load(
         cluster.http_url,
         model,
+        endpoint="infer",
         prompt=prompt,
-        rate_per_s=rate_per_s,
-        workers=workers,
-        max_duration_s=timeout_s * 2 + warmup_s + settle_s,
         parameters=parameters,
+        concurrency=workers,
+        rate_per_s=rate_per_s,
+        max_requests=MAX_REQUESTS,
+        max_duration_s=timeout_s * 2 + warmup_s + settle_s,
+        timeout_s=60.0,
+        replica_header=REPLICA_HEADER,
     )
     with PoolWatch(cluster) as watch, traffic:
-        _wait(lambda: traffic.answered(name) or None, timeout_s, f"a request answered by {name}")
+        _wait(
+            lambda: traffic.answered(replica=name) or None,
+            timeout_s,
+            f"a request answered by {name}",
+        )
         time.sleep(warmup_s)
         killed = cluster.kill(name, fault, model if fault == "stub" else None)
         left = _wait(
@@ -292,7 +176,7 @@ def failover(
             repaired = time.monotonic()
         rejoined = _wait(lambda: watch.first(name, True, left), timeout_s, f"{name} rejoining")
         served = _wait(
-            lambda: min((o.done for o in traffic.answered(name, since=rejoined)), default=None),
+            lambda: min((o.ended for o in traffic.answered(rejoined, replica=name)), default=None),
             timeout_s,
             f"a request answered by {name} after it rejoined",
         )
@@ -300,20 +184,28 @@ def failover(
     events = cluster.events()
     if fault == "server":
         repaired = cluster.when(name, "replacement ready", after=killed)
-    failures = traffic.failed()
-    causes = Counter(f"{o.status or 'no answer'}: {o.error[:90]}" for o in failures)
+    outcomes = traffic.outcomes
+    summary = traffic.summary()
     # Answered by it after it left and before it was seen back (the watch polls every 20 ms).
     after_left = [
-        o for o in traffic.answered(name) if o.sent > left + 0.05 and o.done < rejoined - 0.05
+        o
+        for o in traffic.answered(replica=name)
+        if o.sent > left + 0.05 and o.ended < rejoined - 0.05
     ]
     figures = {
         "fault": f"SIGKILL of {name}'s {'tritonserver' if fault == 'server' else 'Python stub'}",
         "replicas": cluster.size,
         "rate_per_s": rate_per_s,
-        "requests": len(traffic.outcomes),
-        "answered": len(traffic.outcomes) - len(failures),
-        "failed": len(failures),
-        "failures_by_cause": dict(causes),
+        "requests": summary["requests"],
+        "answered": summary["answered"],
+        "failed": summary["failed"],
+        "failures_by_cause": summary["failures_by_cause"],
+        "sent_after_kill": sum(1 for o in outcomes if o.sent >= killed),
+        "failed_after_kill": len(traffic.failures(killed)),
+        "sent_until_out_of_pool": sum(1 for o in outcomes if killed <= o.sent < left),
+        "answered_by_others_while_out": sum(
+            1 for o in outcomes if o.ok and o.replica != name and left <= o.sent < rejoined
+        ),
         "s_to_leave_pool": round(left - killed, 3),
         "s_to_repaired": round(repaired - killed, 3) if repaired else None,
         "s_to_rejoin_pool": round(rejoined - killed, 3),
@@ -330,7 +222,7 @@ def failover(
     origin = killed - (cluster.started_at or 0.0)
     events = events.assign(t_s=(events["t_s"] - origin).round(3))
     log.info("failover %s: %s", fault, figures)
-    return FailoverResult(figures, traffic.frame(killed), changes, events)
+    return FailoverResult(figures, requests_frame(outcomes, killed), changes, events)
 
 
 def figure(result: FailoverResult, bin_s: float = 0.25):

@@ -32,6 +32,7 @@ import pandas as pd
 import psutil
 from tritonclient.utils import InferenceServerException
 
+from labkit import client
 from labkit.cluster.balancer import (
     Checks,
     HAProxy,
@@ -283,6 +284,10 @@ class Cluster(Addresses):
             {"t_s": round(t - start, 3), "who": who, "event": what} for t, who, what in self._events
         ]
         return pd.DataFrame(rows, columns=["t_s", "who", "event"])
+
+    def infer(self, model: str, prompt: str, **parameters: object) -> str:
+        """One prompt through the balancer, as any client of the cluster sends it; the answer."""
+        return client.infer(self.http_url, model, prompt, **parameters)[0]
 
     def when(self, who: str, what: str, after: float = 0.0) -> float | None:
         """The first ``time.monotonic()`` after ``after`` that ``who`` had event ``what``."""

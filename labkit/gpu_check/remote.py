@@ -679,6 +679,7 @@ def _prepend(first: str, rest: str | None) -> str:
 
 
 # -- measuring ------------------------------------------------------------------------------------
+# Not labkit.load.Load: labkit is not importable on the bare GPU machine (standard library only).
 def run_load(call, concurrency: int, seconds: float) -> dict:
     """``concurrency`` threads calling ``call`` in a loop for ``seconds``; what they saw."""
     latencies: list[float] = []

@@ -5,6 +5,8 @@
   every endpoint, stop, logs with tokens redacted);
 - :mod:`.image`: the docker mode's image (the ``docker build`` of ``docker/Dockerfile``, and the
   check that an image exists and imports transformers);
+- :mod:`.session`: a server for one run (free ports, its log in the run folder, warm models),
+  started or as a ``with`` block (:func:`serving`);
 - :mod:`.live`: live control through Triton's repository API (index, reload, unload, the
   Python stubs, recover a model whose stub died).
 """
@@ -18,11 +20,11 @@ from .live import (
     served_config,
     stubs,
     unhealthy,
-    unload,
     warm_up,
 )
 from .locate import ServerBinary, locate_tritonserver
 from .process import MODES, TritonServer
+from .session import serving, start_server
 
 __all__ = [
     "MODES",
@@ -37,8 +39,9 @@ __all__ = [
     "require_image",
     "restart",
     "served_config",
+    "serving",
+    "start_server",
     "stubs",
     "unhealthy",
-    "unload",
     "warm_up",
 ]

@@ -2,7 +2,7 @@
 
 :func:`index` shows every model's state and reason; :func:`reload` writes a configuration (when
 given) and loads it without restarting the server, putting the previous file back when Triton
-refuses the new one; :func:`unload` waits until Triton has really let the model go.
+refuses the new one. (Unloading is :meth:`TritonServer.unload_model`, which waits.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,7 +20,7 @@ import pandas as pd
 import psutil
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from labkit.errors import ConfigError, MissingFileError, ServerError, ServerTimeoutError
+from labkit.errors import ConfigError, MissingFileError, ServerError
 from labkit.repository import Repository
 from labkit.repository.config import ModelConfig, check_name
 from labkit.settings import redact
@@ -163,22 +162,6 @@ def _post(url: str, body: bytes, timeout_s: float) -> None:
         ) from exc
     if '"error"' in answer:  # an SSE event that carries the model's error
         raise ServerError(f"warming up at {url} failed: {answer.strip()[-500:]}")
-
-
-def unload(server: TritonServer, name: str, *, timeout_s: float = 60.0) -> None:
-    """Unload ``name`` and wait until Triton has finished (its unload API returns at once)."""
-    server.unload_model(check_name(name))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        states = {row["name"]: row.get("state", "") for row in server.model_index()}
-        if states.get(name) not in ("READY", "UNLOADING"):
-            return
-        if time.monotonic() > deadline:
-            raise ServerTimeoutError(
-                f"model {name!r} was still {states.get(name)} {timeout_s:g} s after the unload "
-                "request; a request in flight may hold it; pass timeout_s= a larger bound"
-            )
-        time.sleep(0.1)
 
 
 def _log_size(server: TritonServer) -> int:

@@ -434,8 +434,9 @@ class TritonServer(Addresses):
                 f"Triton could not load model {name!r}: {redact(exc.message())}"
             ) from exc
 
-    def unload_model(self, name: str) -> None:
-
+    def unload_model(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """Unload ``name`` and wait until Triton has let it go (its unload API returns at once,
+        while the model's instances are still finishing)."""
         try:
             with self.client() as client:
                 client.unload_model(check_name(name))
@@ -443,6 +444,18 @@ class TritonServer(Addresses):
             raise ServerError(
                 f"Triton could not unload model {name!r}: {redact(exc.message())}"
             ) from exc
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = {row["name"]: row.get("state", "") for row in self.model_index()}
+            if states.get(name) not in ("READY", "UNLOADING"):
+                return
+            if time.monotonic() > deadline:
+                raise ServerTimeoutError(
+                    f"model {name!r} was still {states.get(name)} {timeout_s:g} s after the "
+                    "unload request; a request in flight may hold it; pass timeout_s= a larger "
+                    "bound"
+                )
+            time.sleep(0.1)
 
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
