@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -234,6 +235,28 @@ def prompt_ui(
     ui = PromptUI(call, server=server, model=model, **kwargs)
     ui.refresh.on_click(lambda _: decoupled.clear())  # a reload may change a model's config
     return ui
+
+
+def stream_boxes(
+    server: Any, model: str, prompts: Sequence[str], *, max_tokens: int = 24
+) -> tuple[w.HBox, list[PromptUI]]:
+    """One prompt box per prompt on ``model``, all generating at once, each streamed as it comes
+    (the model is asked ``stream``, so an in-flight model streams too).
+
+    Returns ``(box, uis)``: the boxes side by side, and each box (its ``output.value`` is its
+    answer, ``error`` the message it shows, empty when it answered).
+    """
+
+    def generate(prompt: str, **params: Any):
+        return streaming.stream(server.http_url, model, prompt, stream=True, **params)
+
+    uis = [PromptUI(generate, prompt=p, max_tokens=max_tokens) for p in prompts]
+    threads = [threading.Thread(target=ui.on_generate) for ui in uis]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    return w.HBox([ui.widget for ui in uis]), uis
 
 
 def _message(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_inflight import add_tiny, build_tiny_llama
 
-from labkit import bench, cli, profiling
+from labkit import cli, llm_serving, profiling
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.profiling import aiperf as aiperf_module
 
@@ -74,12 +74,12 @@ def test_the_ratios_and_targets_come_from_the_rows_and_say_what_was_not_measured
                 "ttft_p50_ms": 500.0, "failed": 0}  # fmt: skip
 
     rows = [row("dynamic", 20.0, 9000.0), row("inflight", 50.0, 2000.0)]
-    ratios = bench.ratios(rows, {"mixed": {"output_tokens_per_s": 60.0}})
+    ratios = llm_serving.ratios(rows, {"mixed": {"output_tokens_per_s": 60.0}})
     assert ratios["inflight_vs_dynamic_output_tokens_per_s_c8_mixed"] == 2.5
     assert ratios["inflight_ttft_p99_vs_dynamic_c8_mixed"] == 0.222
     assert ratios["inflight_served_vs_limit_c8_mixed"] == 0.833
     assert ratios["inflight_ttft_p50_s_c4_streaming"] is None  # no level 4 in these rows
-    targets = bench.targets(ratios)
+    targets = llm_serving.targets(ratios)
     assert targets["inflight_vs_dynamic_output_tokens_per_s_c8_mixed"]["met"] is True
     assert targets["inflight_ttft_p50_s_c4_streaming"] == {
         "target": "<= 1", "measured": None, "met": None
@@ -145,10 +145,10 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys, own_
     assert code == 0
     result = json.loads(out.read_text())
     rows = {
-        (r["scheduler"], r["workload"], r["streaming"], r["concurrency"]) for r in result["results"]
+        (r["scheduler"], r["workload"], r["streaming"], r["concurrency"]) for r in result["rows"]
     }
     assert rows == {("dynamic", "mixed", True, 2), ("inflight", "mixed", True, 2)}
-    for r in result["results"]:
+    for r in result["rows"]:
         assert r["failed"] == 0 and r["requests"] == 4 and r["output_tokens_per_s"] > 0
         assert r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0 and r["aiperf_cpu_s"] > 0
     assert result["limit"]["mixed"]["output_tokens_per_s"] > 0
@@ -165,7 +165,8 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys, own_
     assert "precision" in result and result["precision"]["float32"]["equal_alone"] > 0
     assert "inflight_vs_dynamic_output_tokens_per_s_c8_mixed" in capsys.readouterr().out
     assert sorted(p.name for p in source.iterdir()) == before  # the source is never changed
-    assert (tmp_path / "run" / "inflight.json").is_file()
+    # one rule for every benchmark: it writes its run folder's JSON; --json gets the same figures
+    assert json.loads((tmp_path / "run" / "inflight.json").read_text()) == result
     assert (
         tmp_path / "run" / "aiperf" / "inflight-mixed-stream-c2" / "profile_export.jsonl"
     ).is_file()

@@ -58,4 +58,4 @@ def test_bench_batching_writes_both_phases_and_leaves_the_source_untouched(tmp_p
 def test_a_zero_concurrency_is_refused_before_anything_starts(tmp_path):
     settings = bench.BatchingSettings(model="sleepy", concurrency=0)
     with pytest.raises(ConfigError, match=r"concurrency \(0\)"):
-        bench.batching(tmp_path, tmp_path / "run", settings)
+        bench.batching_off_on(tmp_path, tmp_path / "run", settings)

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
-from labkit import bench, soak
+from labkit import bench, llm_serving, soak
 from labkit.runs import run_folder
 
 
@@ -54,13 +55,9 @@ def _cli_batching(args) -> int:
         measurement_request_count=args.request_count,
     )
     run_dir = run_folder(args.run_dir, notebook="bench-batching")
-    result = bench.batching(args.model_repository, run_dir, settings)
+    result = bench.batching_off_on(args.model_repository, run_dir, settings)
     print(bench.table(result))
-    text = json.dumps(result, indent=2)
-    (run_dir / "batching.json").write_text(text)
-    if args.json:
-        Path(args.json).write_text(text)
-        print(f"wrote {args.json}")
+    _also_write(args.json, result)
     print(f"run folder: {run_dir}")
     return 0
 
@@ -76,17 +73,14 @@ def _cli_soak(args) -> int:
     ).check()
     run_dir = run_folder(args.run_dir, notebook="bench-soak")
     result = soak.run_soak(settings, run_dir, source=args.model_repository)
-    text = json.dumps(result, indent=2)
-    (run_dir / "soak.json").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    _also_write(args.json, result)
     print(soak.table(result))
     print(f"figures: {run_dir / 'soak.json'}")
     return 0 if all(result["passed"].values()) else 1
 
 
 def _register_inflight(kinds) -> None:
-    d = bench.InflightSettings()
+    d = llm_serving.StudySettings()
     p = kinds.add_parser(
         "inflight",
         help="no batching, dynamic batching and in-flight batching, in tokens (AIPerf)",
@@ -118,7 +112,7 @@ def _register_inflight(kinds) -> None:
     )
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.set_defaults(handler=_cli_inflight)
-    d = bench.InflightSoakSettings()
+    d = soak.InflightSoakSettings()
     p = kinds.add_parser("inflight-soak", help="many streams for a while on the in-flight model")
     p.add_argument("--model-repository", default="model_repository", help="source model repository")
     p.add_argument("--model", default=d.model, help="model to soak (default: %(default)s)")
@@ -139,7 +133,7 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def _cli_inflight(args) -> int:
-    settings = bench.InflightSettings(
+    settings = llm_serving.StudySettings(
         model=args.model,
         inflight_model=args.inflight_model,
         schedulers=args.scheduler,
@@ -151,28 +145,33 @@ def _cli_inflight(args) -> int:
         precision=not args.no_precision,
     )
     run_dir = run_folder(args.run_dir, notebook="bench-inflight")
-    result = bench.inflight(args.model_repository, run_dir, settings)
-    table = bench.inflight_table(result)
+    result = llm_serving.run(run_dir, settings, source=args.model_repository)
+    table = result.table()
     (run_dir / "inflight.txt").write_text(table + "\n")
     print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    _also_write(args.json, result)
     print(f"run folder: {run_dir}")
     return 0
 
 
 def _cli_inflight_soak(args) -> int:
-    settings = bench.InflightSoakSettings(
+    settings = soak.InflightSoakSettings(
         model=args.model,
         concurrency=args.concurrency,
         duration_s=args.duration,
         memory_window_s=args.memory_window,
     )
     run_dir = run_folder(args.run_dir, notebook="bench-inflight-soak")
-    result = bench.inflight_soak(args.model_repository, run_dir, settings)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(bench.soak_table(result))
+    result = soak.inflight_soak(args.model_repository, run_dir, settings)
+    _also_write(args.json, result)
+    print(soak.inflight_soak_table(result))
     print(f"figures: {run_dir / 'inflight-soak.json'}")
     return 0
+
+
+def _also_write(path: str | None, result: object) -> None:
+    """``--json FILE``: the figures the benchmark wrote into its run folder, written there too."""
+    if path:
+        data = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else result
+        Path(path).write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {path}")
