@@ -327,6 +327,3 @@ def _error_cell(notebook: Path, fallback: int) -> int:
         if any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
             return i
     return fallback
-
-
-# -- command line -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Notebook glue: a run's own copy of the model repository, its server, and code to show.
+"""What a notebook needs, in one place: its run folder, its copy of the model repository, its
+server, the code it shows and the figures it records.
 
-Each notebook makes its server with :func:`start_server`, so every notebook's server binds free
-loopback ports, keeps its log in the run folder and is stopped with the kernel.
+Each notebook makes its server with :func:`start_server` (or :func:`serving`, which stops it
+after), so every notebook's server binds free loopback ports, keeps its log in the run folder and
+is stopped with the kernel.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from pathlib import Path
 
 from labkit.errors import ConfigError, LabkitError, MissingFileError
 from labkit.report import FIGURES_FILE
-from labkit.repository import prepare_run_repository
+from labkit.repository import apply_edits, prepare_run_repository, read_config
 from labkit.runs import run_folder
-from labkit.server import TritonServer, warm_up
+from labkit.server import TritonServer, index, reload, served_config, serving, start_server
 
 
 def show_warnings_in_notebooks() -> None:
@@ -40,14 +42,20 @@ def show_warnings_in_notebooks() -> None:
 
 show_warnings_in_notebooks()
 
-#: What a notebook needs, from one module: its run folder, its repository copy, its server, the
-#: code it shows and the figures it records.
+#: What a notebook needs, from one module: its run folder, its repository copy and its edits, its
+#: server and live changes to it, the code it shows and the figures it records.
 __all__ = [
+    "apply_edits",
     "describe_repository",
     "expect_error",
+    "index",
     "prepare_run_repository",
+    "read_config",
     "record",
+    "reload",
     "run_folder",
+    "served_config",
+    "serving",
     "show_code",
     "show_table",
     "start_server",
@@ -68,44 +76,6 @@ def describe_repository(repository: str | os.PathLike) -> str:
             shown = f"{rel} -> {os.readlink(item)}" if item.is_symlink() else str(rel)
             lines.append(f"    {shown}")
     return "\n".join(lines)
-
-
-def start_server(
-    run_dir: str | os.PathLike,
-    repository: str | os.PathLike,
-    models: list[str] | str = "*",
-    *,
-    mode: str | None = None,
-    url: str | None = None,
-    http_port: int = 0,
-    grpc_port: int = 0,
-    metrics_port: int = 0,
-    warm: bool = True,
-    **options: object,
-) -> TritonServer:
-    """Start (or attach to) a Triton server on ``repository`` and return it once ready and warm.
-
-    Ports default to free ones (the tutorial's are 8000, 8001 and 8002); the server's log is
-    ``<run_dir>/tritonserver.log``; ``options`` go to :class:`~labkit.server.TritonServer`.
-    Every loaded model is warmed up (:func:`labkit.server.warm_up`) unless ``warm=False``.
-    """
-    server = TritonServer(
-        repository,
-        mode=mode,
-        url=url or None,
-        http_port=http_port,
-        grpc_port=grpc_port,
-        metrics_port=metrics_port,
-        load_models=models,
-        log_path=Path(run_dir) / "tritonserver.log",
-        **options,
-    )
-    server.start()
-    if warm:
-        for row in server.model_index():
-            if row.get("state") == "READY":
-                warm_up(server, row["name"])
-    return server
 
 
 def show_code(path: str | os.PathLike, *names: str) -> str:

@@ -47,7 +47,7 @@ def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
     return float(rows.iloc[0][column]) if len(rows) else math.nan
 
 
-def batching(
+def batching_conclusion(
     off: pd.DataFrame, on: pd.DataFrame, delayed: pd.DataFrame | None = None
 ) -> Conclusion:
     """Batching off against on (and against on with a queue delay), level by level.

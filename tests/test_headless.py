@@ -13,9 +13,9 @@ import pytest
 
 from conftest import write_notebook
 from labkit import headless, runs
-from labkit.repository import prepare_run_repository
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingFileError
+from labkit.repository import prepare_run_repository
 
 CELL_TIMEOUT_S = 60
 
@@ -48,6 +48,7 @@ def run(nbs, out, params=None, **kwargs):
     return headless.run_notebooks(nbs, out, params, progress_bar=False, **kwargs)
 
 
+@pytest.mark.integration
 def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folder(
     notebooks, tmp_path
 ):
@@ -72,6 +73,7 @@ def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folde
     assert [(s["status"], Path(s["notebook"]).name) for s in summary] == [("ok", "01_good.ipynb")]
 
 
+@pytest.mark.integration
 def test_a_failing_notebook_is_saved_with_its_cell_and_error_and_the_next_one_still_runs(
     notebooks, tmp_path
 ):
@@ -92,6 +94,7 @@ def test_a_failing_notebook_is_saved_with_its_cell_and_error_and_the_next_one_st
     assert Path(bad.html).is_file()
 
 
+@pytest.mark.integration
 def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
     sleep = "import time\ntime.sleep(seconds)"
     nb = write_notebook(
@@ -108,6 +111,7 @@ def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
     assert len(after) == 1 and after[0].get("outputs") == []
 
 
+@pytest.mark.integration
 def test_cli_runs_every_notebook_in_order_and_exits_nonzero_on_failure_with_a_fake_project(
     notebooks, tmp_path, monkeypatch, capsys
 ):
@@ -124,6 +128,7 @@ def test_cli_runs_every_notebook_in_order_and_exits_nonzero_on_failure_with_a_fa
     assert "ZeroDivisionError" in printed and str(tmp_path / "all") in printed
 
 
+@pytest.mark.integration
 def test_a_notebook_named_by_prefix_runs_and_the_cli_exits_zero_with_a_fake_project(
     notebooks, tmp_path, monkeypatch
 ):

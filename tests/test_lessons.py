@@ -30,7 +30,7 @@ def test_batching_figures_are_taken_at_the_highest_shared_level():
     off = sweep({1: 2.0, 8: 2.5}, {1: 500, 8: 3000})
     on = sweep({1: 2.0, 8: 8.0}, {1: 520, 8: 1200}, batch=5.0)
     delayed = sweep({8: 10.0}, {8: 1000}, batch=8.0)
-    conclusion = lessons.batching(off, on, delayed)
+    conclusion = lessons.batching_conclusion(off, on, delayed)
     assert conclusion.figures == {
         "throughput_ratio_c8": 3.2,
         "p99_ratio_c8": 0.4,
@@ -45,7 +45,7 @@ def test_batching_figures_are_taken_at_the_highest_shared_level():
 def test_batching_that_did_not_pay_is_not_called_the_tutorials_lesson():
     off = sweep({8: 4.0}, {8: 2000})
     on = sweep({8: 4.2}, {8: 2100}, batch=1.3)
-    conclusion = lessons.batching(off, on)
+    conclusion = lessons.batching_conclusion(off, on)
     assert conclusion.figures["throughput_ratio_c8"] == 1.05
     assert "The lesson is the same" not in conclusion.text
     assert "gained x1.05 only" in conclusion.text
@@ -54,12 +54,12 @@ def test_batching_that_did_not_pay_is_not_called_the_tutorials_lesson():
 def test_batching_names_the_measurements_that_did_not_settle():
     off = sweep({8: 4.0}, {8: 2000})
     on = sweep({8: 12.0}, {8: 900}, batch=6.0).assign(stable=[False])
-    assert "on at 8" in lessons.batching(off, on).text
+    assert "on at 8" in lessons.batching_conclusion(off, on).text
 
 
 def test_sweeps_with_no_common_level_are_refused():
     with pytest.raises(ConfigError, match="share no concurrency"):
-        lessons.batching(sweep({1: 1.0}, {1: 1}), sweep({8: 1.0}, {8: 1}))
+        lessons.batching_conclusion(sweep({1: 1.0}, {1: 1}), sweep({8: 1.0}, {8: 1}))
 
 
 def repeats(name: str, per_level: dict[int, list[float]]) -> pd.DataFrame:

@@ -65,6 +65,10 @@ class Repository:
     def __fspath__(self) -> str:
         return str(self.path)
 
+    def __truediv__(self, part: str | os.PathLike) -> Path:
+        """``repo / "smollm2" / "config.pbtxt"``: a path inside the repository, as with a Path."""
+        return self.path / part
+
     def models(self) -> list[str]:
         """The names of the model folders, sorted."""
         return sorted(
@@ -194,7 +198,7 @@ class Repository:
     def add(
         self, name: str, source: str, *, template: str | None = None, **parameters: str
     ) -> Path:
-        """Add a model from the catalog (``labkit.models``), a local model folder or a Hub id.
+        """Add a model from the catalog (``labkit.repository.CATALOG``), a local model folder or a Hub id.
 
         A catalog name goes to :func:`add_model`. A folder or a Hub id is served with a
         template's model.py (``textgen`` or ``embedding``; for a folder it is guessed from its

@@ -1,0 +1,53 @@
+"""The notebooks' API stays small: each notebook imports from at most five labkit modules, all of
+them in ``labkit.__all__``, and no notebook reaches into a private name."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import labkit
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def labkit_imports(notebook: Path) -> tuple[set[str], set[str]]:
+    """(labkit modules the notebook imports from, names it takes from labkit)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    modules: set[str] = set()
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("labkit"):
+            for alias in node.names:
+                if node.module == "labkit":
+                    modules.add(f"labkit.{alias.name}")
+                else:
+                    modules.add(node.module)
+                    names.add(alias.name)
+        elif isinstance(node, ast.Import):
+            modules |= {a.name for a in node.names if a.name.startswith("labkit")}
+    return modules, names
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_imports_from_at_most_five_public_labkit_modules(notebook):
+    modules, names = labkit_imports(notebook)
+    assert modules, f"{notebook.name} imports nothing from labkit"
+    assert len(modules) <= 5, f"{notebook.name} imports from {sorted(modules)}"
+    top = {m.split(".")[1] for m in modules}
+    assert top <= set(labkit.__all__), f"{sorted(top - set(labkit.__all__))} not in labkit.__all__"
+    assert not [n for n in names if n.startswith("_")]
+
+
+def test_the_counting_sees_both_import_forms(tmp_path):
+    nb = tmp_path / "x.ipynb"
+    source = "from labkit import lab, client\nfrom labkit.profiling import analyzer\n"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [source]}]}))
+    assert labkit_imports(nb) == (
+        {"labkit.lab", "labkit.client", "labkit.profiling"},
+        {"analyzer"},
+    )
