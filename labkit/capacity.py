@@ -282,7 +282,8 @@ def estimate(
         if billions is None:
             raise ConfigError(
                 f"cannot estimate the memory of {model!r}: {src.huggingface_model!r} is not on "
-                "this machine and not in the catalog; download it or add it to labkit.models"
+                "this machine and not in the catalog; download it, or add it to the catalog "
+                "(labkit.repository.CATALOG)"
             )
         parameters, stored, where = int(billions * 1e9), None, "catalog"
     device = "cpu" if src.cpu_only else device

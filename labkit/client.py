@@ -44,7 +44,7 @@ def _refused(model: str, status, message: str) -> InferenceError:
 def _unreachable(url: str, exc: BaseException) -> InferenceError:
     error = InferenceError(
         f"cannot reach Triton at {url!r}: {exc}; is the server running? "
-        "(start it with labkit.TritonServer or `labkit serve`)"
+        "(start it with labkit.lab.start_server or `labkit serve`)"
     )
     error.status = None
     error.server_message = str(exc)

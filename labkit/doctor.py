@@ -30,8 +30,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from labkit import hardware, proc
 from labkit.errors import LabkitError, MissingDependencyError
-from labkit.profiling import locate_perf_analyzer
 from labkit.headless import check_kernel as kernel_python
+from labkit.profiling import locate_perf_analyzer
 from labkit.server import ServerBinary, TritonServer, locate_tritonserver, require_image
 from labkit.settings import hub_endpoint, hub_offline, token_variable, triton_image
 
