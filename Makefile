@@ -1,6 +1,6 @@
 # The README's two commands: `make demo` runs the lab end to end, `make test` runs the tests.
 # Each installs what it needs first. CI (.ci/run) runs `make test`.
-.PHONY: install demo test test-loaded lint format bench soak image gpu-bundle clean
+.PHONY: install demo check test test-loaded lint format bench soak image gpu-bundle clean
 
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,9 +11,19 @@ install:
 demo: install
 	$(BIN)/labkit run
 
+# The fast tier: lint, then every test that starts no server, kernel or other process (under two
+# minutes on two cores). The marker rule that keeps it so is tests/conftest.py's FastTierGuard:
+# an unmarked test that starts a process, or takes over 20 s, fails and names the marker to add.
+FAST_TIER := not integration and not notebook and not slow and not browser
+
+check: install
+	$(BIN)/ruff check labkit tests conftest.py
+	$(BIN)/python -m pytest -p no:cacheprovider -m "$(FAST_TIER)"
+
+# The whole suite, then its 15 slowest items.
 test: install
 	$(BIN)/ruff check labkit tests conftest.py
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider --durations=15
 
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it.

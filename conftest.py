@@ -11,6 +11,9 @@ from __future__ import annotations
 import nbmake.pytest_items
 from nbmake.nb_result import NotebookError, NotebookResult
 
+# tests/test_tiers.py runs planted tests through the fast tier's guard (tests/conftest.py).
+pytest_plugins = ["pytester"]
+
 
 def unclean_outputs(nb) -> list[tuple[int, str]]:
     """(cell index, what it showed) for every stderr stream or error output of an executed notebook."""

@@ -7,7 +7,9 @@
   and what Triton's metrics counted for them, so a test that needs a batch can confirm it formed;
 - :func:`wait_for`: every wait in the suite polls against a bound;
 - ``--busy-core``: the whole session runs while a spinning process holds one CPU core
-  (``make test-loaded``), which is how the next race shows up before CI finds it.
+  (``make test-loaded``), which is how the next race shows up before CI finds it;
+- :class:`FastTierGuard`: the marker rule of the tiers (``make check`` runs the unmarked tests):
+  an unmarked test that starts a process, or takes over :data:`FAST_TIER_LIMIT_S`, fails.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +56,10 @@ STARTUP_TIMEOUT_S = 240
 #: spread of their arrivals even on a loaded machine. A batch that fills max_batch_size is
 #: dispatched at once, so only a straggler ever waits this long.
 JOIN_DELAY_MICROSECONDS = 2_000_000
+
+# numpy.testing runs lscpu when first imported: imported here, before any test, so that no
+# unmarked test is charged with that process start (FastTierGuard).
+importlib.import_module("numpy.testing")
 
 # No test may reach a model hub: everything runs from local files.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -315,6 +323,168 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)
+
+
+# -- the tiers: what an unmarked test may do --------------------------------------------------
+#: The markers that take a test out of the fast tier (``make check``). The rule: a test that
+#: starts a server, a kernel or any other process is ``integration`` (``notebook`` for a
+#: notebook's kernel), one that takes over :data:`FAST_TIER_LIMIT_S` is ``slow``; the others are
+#: unmarked, and :class:`FastTierGuard` fails an unmarked test that breaks the rule.
+TIER_MARKERS = ("integration", "notebook", "slow", "browser")
+
+#: The longest an unmarked test's setup or call may take, on two loaded cores.
+FAST_TIER_LIMIT_S = 20.0
+
+#: How many of the slowest unmarked tests a too-slow one's failure lists.
+SLOWEST_SHOWN = 5
+
+
+def in_fast_tier(item: pytest.Item) -> bool:
+    """Whether ``item`` carries none of :data:`TIER_MARKERS` (``make check`` runs it)."""
+    return not any(item.get_closest_marker(name) for name in TIER_MARKERS)
+
+
+def marker_for(command: str) -> str:
+    """The marker a test that starts ``command`` needs, as the failure names it."""
+    if any(word in command for word in ("ipykernel", "papermill", "jupyter")):
+        return "integration (notebook if it executes a shipped notebook)"
+    return "integration"
+
+
+def runs_a_fake(command: Any, path: str | None, folder: Path | None) -> bool:
+    """Whether ``command`` (an argument list) runs a program under ``folder``, the test's own
+    ``tmp_path``, found on ``path`` as the child would find it: a fake the test wrote to stand in
+    for a tool this machine lacks (nvidia-smi, docker). It costs a shell's start and reaches
+    nothing, so the fast tier allows it; every other process start is refused."""
+    if folder is None or isinstance(command, (str, bytes, os.PathLike)) or not command:
+        return False
+    program = os.fsdecode(command[0])
+    found = program if os.sep in program else shutil.which(program, path=path)
+    return found is not None and Path(found).resolve().is_relative_to(Path(folder).resolve())
+
+
+def looks_up_a_library(command: Any) -> bool:
+    """Whether ``command`` is ``ldconfig -p``: ``ctypes.util.find_library`` runs it when a library
+    (torch, on its first import) looks for a shared library. It reads the linker's cache and
+    reaches nothing; which test imports torch first depends on the order the tests run in."""
+    if isinstance(command, (str, bytes, os.PathLike)) or len(command) < 2:
+        return False
+    return Path(os.fsdecode(command[0])).name == "ldconfig" and os.fsdecode(command[1]) == "-p"
+
+
+def process_fault(test: str, command: Any, thread: str = "MainThread") -> str:
+    """What an unmarked ``test`` that starts ``command`` fails with."""
+    if isinstance(command, (str, bytes, os.PathLike)):
+        shown = os.fsdecode(command)
+    else:
+        shown = shlex.join(os.fsdecode(part) for part in command)
+    where = "" if thread == "MainThread" else f" (from thread {thread!r})"
+    marker = marker_for(shown)
+    return (
+        f"{test} is in the fast tier (no {'/'.join(TIER_MARKERS)} marker) and started a "
+        f"process{where}: {shown[:300]}\n"
+        f"Mark it @pytest.mark.{marker}: a test that starts a server, a kernel or any other "
+        f"process is not run by `make check`."
+    )
+
+
+def duration_fault(
+    test: str, phase: str, seconds: float, slowest: Sequence[tuple[str, float]], limit_s: float
+) -> str | None:
+    """What an unmarked ``test`` whose ``phase`` took ``seconds`` fails with; None within
+    ``limit_s``. ``slowest``: (test, seconds) of the slowest unmarked tests so far."""
+    if seconds <= limit_s:
+        return None
+    listed = "\n".join(f"  {s:6.1f} s  {name}" for name, s in slowest[:SLOWEST_SHOWN])
+    return (
+        f"{test}'s {phase} took {seconds:.1f} s, over the fast tier's {limit_s:g} s.\n"
+        f"Mark it @pytest.mark.slow (and integration if it starts a process): `make check` "
+        f"runs only tests that are fast on two cores.\nThe slowest unmarked tests so far:\n"
+        f"{listed}"
+    )
+
+
+class FastTierGuard:
+    """The marker rule, held while an unmarked test's setup and call run (a plugin).
+
+    Every process start goes through :class:`subprocess.Popen` (labkit's ``proc.run`` and
+    ``proc.spawn``, papermill's and jupyter_client's kernels, pip, perf_analyzer), or else
+    ``os.system`` or ``os.fork`` (multiprocessing, pty): all three refuse, with the test, the
+    command and the marker to add; only a fake the test wrote into its own ``tmp_path`` runs
+    (:func:`runs_a_fake`). The refusal is a :func:`pytest.fail`, which no ``except
+    Exception`` swallows, and the test fails even where something caught it. Teardown is not
+    held: a module's fixture ends after whichever test came last, marked or not. A setup or call
+    over ``limit_s`` fails its test too, with the slowest unmarked tests so far.
+    """
+
+    def __init__(self, limit_s: float = FAST_TIER_LIMIT_S) -> None:
+        self.limit_s = limit_s
+        self.durations: dict[str, float] = {}
+
+    def _held(self, item: pytest.Item):
+        if not in_fast_tier(item):
+            # the real ones, even under another guard: in a pytest run inside a test
+            # (tests/test_tiers.py), the inner run's rule holds for its tests
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(subprocess.Popen, "__init__", _REAL_POPEN_INIT)
+                patch.setattr(os, "system", _REAL_SYSTEM)
+                patch.setattr(os, "fork", _REAL_FORK)
+                return (yield)
+        faults = item.stash.setdefault(_PROCESS_FAULTS, [])
+
+        def refuse(command: Any) -> None:
+            fault = process_fault(item.nodeid, command, threading.current_thread().name)
+            faults.append(fault)
+            pytest.fail(fault)
+
+        def guarded_popen_init(popen, args, *rest, **kwargs):
+            env = kwargs.get("env")
+            path = (env if env is not None else os.environ).get("PATH")
+            fakes = getattr(item, "funcargs", {}).get("tmp_path")
+            if not kwargs.get("shell") and (
+                runs_a_fake(args, path, fakes) or looks_up_a_library(args)
+            ):
+                return _REAL_POPEN_INIT(popen, args, *rest, **kwargs)
+            refuse(args)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(subprocess.Popen, "__init__", guarded_popen_init)
+            patch.setattr(os, "system", refuse)
+            patch.setattr(os, "fork", lambda: refuse("os.fork()"))
+            return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item):
+        return (yield from self._held(item))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        return (yield from self._held(item))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        if report.when == "teardown" or not in_fast_tier(item):
+            return report
+        faults = item.stash.get(_PROCESS_FAULTS, [])
+        if faults and report.passed:  # the refusal was caught: the test still fails
+            report.outcome, report.longrepr = "failed", "\n".join(faults)
+        self.durations[item.nodeid] = self.durations.get(item.nodeid, 0.0) + report.duration
+        slowest = sorted(self.durations.items(), key=lambda pair: -pair[1])
+        fault = duration_fault(item.nodeid, report.when, report.duration, slowest, self.limit_s)
+        if fault and report.passed:
+            report.outcome, report.longrepr = "failed", fault
+        elif fault:  # failed or skipped for its own reason: that stays, and this is shown too
+            report.sections.append(("fast tier", fault))
+        return report
+
+
+_PROCESS_FAULTS = pytest.StashKey[list]()
+_REAL_POPEN_INIT, _REAL_SYSTEM, _REAL_FORK = subprocess.Popen.__init__, os.system, os.fork
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(FastTierGuard(), "fast-tier-guard")
 
 
 # -- a run under load: --busy-core -------------------------------------------------------------

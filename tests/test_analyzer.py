@@ -85,6 +85,7 @@ BOUND_S = 60
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_run_past_its_bound_leaves_no_process_behind(tmp_path):
     # every execute sleeps ten minutes: no profile can end within the bound, whatever the machine
     write_sleepy_model(tmp_path / "repo", "sleepy", sleep_ms=600_000, batching=False)

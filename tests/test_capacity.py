@@ -31,6 +31,7 @@ def beyond_this_host(tmp_path, catalog_name: str) -> str:
     return catalog_name
 
 
+@pytest.mark.slow
 def test_smollm2_estimate_is_its_real_parameter_count_times_four_bytes(smollm2_folder):
     import torch
     from transformers import AutoModelForCausalLM
@@ -54,6 +55,7 @@ def test_smollm2_estimate_is_its_real_parameter_count_times_four_bytes(smollm2_f
     assert est.needed_bytes == int(expected)
 
 
+@pytest.mark.slow
 def test_gpu_estimate_loads_text_generators_in_float16(smollm2_folder):
     cpu = capacity.estimate("smollm2", device="cpu")
     gpu = capacity.estimate("smollm2", device="gpu")

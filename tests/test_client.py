@@ -43,8 +43,7 @@ def test_printed_curl_commands_run_and_answer_like_the_client(server, model, bat
     assert generate["text_output"] == expected
 
 
-@pytest.mark.integration
-def test_the_tutorial_curl_line_is_what_curl_command_prints(server):
+def test_the_tutorial_curl_line_is_what_curl_command_prints():
     line = client.curl_command("localhost:8000", "falcon7b", "I am going")
     assert line == (
         "curl -X POST localhost:8000/v2/models/falcon7b/infer -d "

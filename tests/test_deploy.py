@@ -34,6 +34,7 @@ def load(folder: Path, name: str) -> dict:
     return yaml.safe_load((folder / name).read_text())
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu", "neuron"])
 def test_plain_manifests_pass_kubernetes_validate(tmp_path, accelerator):
     write_manifests(REPOSITORY, tmp_path, DeploySettings(accelerator=accelerator))
@@ -48,6 +49,7 @@ def test_plain_manifests_pass_kubernetes_validate(tmp_path, accelerator):
     assert report["validator"].str.startswith("kubernetes-validate --strict").all()
 
 
+@pytest.mark.integration
 def test_the_kserve_manifests_pass_both_validators_from_the_command_line(tmp_path, capsys):
     code = main(
         [
@@ -74,6 +76,7 @@ def test_the_kserve_manifests_pass_both_validators_from_the_command_line(tmp_pat
     assert load(tmp_path, "hpa.yaml")["spec"]["scaleTargetRef"]["name"] == "triton-predictor"
 
 
+@pytest.mark.integration
 def test_the_validators_reject_a_misspelt_field(tmp_path):
     write_manifests(REPOSITORY, tmp_path, DeploySettings())
     write_manifests(REPOSITORY, tmp_path / "k", DeploySettings(kserve=True))

@@ -60,6 +60,7 @@ def test_numpy_2_is_a_fail_naming_the_fix():
     assert check.status == "fail" and "BYTES" in check.detail and "numpy<2" in check.fix
 
 
+@pytest.mark.integration
 def test_this_python_and_its_stub_are_ok_and_the_stub_is_checked_with_ldd():
     assert doctor.check_python().status == "ok"
     check = doctor.check_python_backend()
@@ -67,6 +68,7 @@ def test_this_python_and_its_stub_are_ok_and_the_stub_is_checked_with_ldd():
     assert sysconfig.get_config_var("LIBDIR") in check.detail
 
 
+@pytest.mark.integration
 def test_a_stub_that_would_load_another_libpython_is_a_fail():
     binary = locate_tritonserver()
     if binary.source != "nvidia-pytriton":
@@ -87,6 +89,7 @@ def test_a_stub_that_would_load_another_libpython_is_a_fail():
     assert "_PyModule_Add" in check.detail and "LD_LIBRARY_PATH" in check.fix
 
 
+@pytest.mark.integration
 def test_a_missing_perf_analyzer_is_a_fail_naming_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("LABKIT_PERF_ANALYZER", str(tmp_path / "perf_analyzer"))
     check = doctor.check_perf_analyzer()
@@ -190,6 +193,7 @@ def test_an_unreachable_docker_engine_is_a_warning_with_a_fake_client_since_none
     assert check.status == "warn" and "Cannot connect to the Docker daemon" in check.detail
 
 
+@pytest.mark.integration
 def test_the_token_is_named_never_shown(monkeypatch, capsys):
     secret = "hf_doNotShowThisValue123"
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN"):
@@ -260,6 +264,7 @@ def _gpu_host(folder: Path, monkeypatch, cuda: str = "13.0") -> None:
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
 
 
+@pytest.mark.integration
 def test_a_cpu_only_torch_on_a_gpu_host_is_a_fail_with_its_fix_with_a_fake_nvidia_smi(
     tmp_path, monkeypatch
 ):

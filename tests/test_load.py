@@ -14,8 +14,6 @@ from labkit.cli import bench as bench_cli
 from labkit.cli import build_parser, main
 from labkit.errors import ConfigError
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
@@ -32,6 +30,8 @@ def result(tmp_path_factory):
     return soak.run_soak(settings, run_dir), run_dir
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_sixteen_clients_for_nine_seconds_fail_no_request(result):
     figures, _ = result
     load = figures["load"]
@@ -44,6 +44,8 @@ def test_sixteen_clients_for_nine_seconds_fail_no_request(result):
     assert figures["passed"]["zero_failed_requests"] is True
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_forced_reload_under_load_fails_nothing_and_a_killed_stub_is_recovered(result):
     faults = result[0]["faults"]
     assert faults["reload"]["failed"] == 0 and faults["reload"]["requests"] > 0
@@ -54,6 +56,8 @@ def test_a_forced_reload_under_load_fails_nothing_and_a_killed_stub_is_recovered
     assert kill["failed_after_recover"] == 0 and kill["answered_after_recover"] >= 4
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_figures_are_json_and_the_table_names_them(result):
     figures, run_dir = result
     assert json.loads(json.dumps(figures)) == figures

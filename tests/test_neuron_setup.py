@@ -13,6 +13,7 @@ from labkit import hardware
 SCRIPT = Path(__file__).parent.parent / "scripts" / "setup-neuron-host.sh"
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="apt-get install shellcheck")
 def test_setup_script_is_shellcheck_clean():
     result = subprocess.run(
@@ -31,6 +32,7 @@ def dry_run(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.integration
 def test_inf2_dry_run_plans_the_neuron_pip_repository_and_packages(tmp_path):
     result = dry_run("--inf2", "--venv", str(tmp_path / "venv"))
     assert result.returncode == 0, result.stderr
@@ -40,11 +42,13 @@ def test_inf2_dry_run_plans_the_neuron_pip_repository_and_packages(tmp_path):
     assert not (tmp_path / "venv").exists()  # a dry run changes nothing
 
 
+@pytest.mark.integration
 def test_inf1_dry_run_plans_torch_neuron(tmp_path):
     out = dry_run("--inf1", "--venv", str(tmp_path / "venv")).stdout
     assert "torch-neuron neuron-cc[tensorflow]" in out and "torch-neuronx" not in out
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(hardware.detect_neuron().present, reason="this host is a Neuron host")
 def test_setup_refuses_a_host_that_is_not_neuron_without_a_target_flag():
     result = dry_run()

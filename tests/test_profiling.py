@@ -109,6 +109,7 @@ def test_a_perf_analyzer_that_is_not_there_names_the_install(monkeypatch, tmp_pa
         profiling.locate_perf_analyzer.cache_clear()
 
 
+@pytest.mark.integration
 def test_a_missing_cuda_runtime_names_the_wheel_to_install_with_a_fake_absent_wheel(monkeypatch):
     # Fake: the wheel is installed here and the suite's other tests need it, so its lookup is
     # made to find nothing; perf_analyzer itself then really fails to load libcudart.

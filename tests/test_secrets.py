@@ -98,6 +98,7 @@ def test_a_planted_token_appears_in_no_file_of_a_notebook_run(planted, tmp_path,
     assert planted not in printed.out + printed.err + caplog.text
 
 
+@pytest.mark.integration
 def test_server_repr_commands_and_logs_hold_no_token(planted, tmp_path, caplog):
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -327,10 +327,11 @@ def test_http_ok_is_true_only_for_a_200():
     assert http_ok(f"http://127.0.0.1:{free_port()}/ready") is False
 
 
+@pytest.mark.integration
 def test_spawn_raises_a_missing_program_in_the_asking_thread_and_goes_on_launching(tmp_path):
     from labkit.proc import spawn
 
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="No such file or directory: .*no-such-program"):
         spawn([tmp_path / "no-such-program"])
     child = spawn(
         [sys.executable, "-c", "import os; print(os.getpgid(0) == os.getpid())"],
