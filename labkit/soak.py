@@ -119,10 +119,29 @@ def _perf_analyzer(server, settings: SoakSettings, run_dir: Path) -> dict:
     return figures
 
 
-def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
-    """perf_analyzer at ``concurrency`` for ``duration_s`` while memory is sampled each second."""
+def memory_while(server, job) -> list[tuple[float, int]]:
+    """Run ``job()`` in a thread while the resident memory of the server and its stubs is sampled
+    each second; ``(seconds since the start, bytes)`` samples."""
     samples: list[tuple[float, int]] = []
     done = threading.Event()
+
+    def run() -> None:
+        try:
+            job()
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    while not done.wait(1.0):
+        samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
+    worker.join()
+    return samples
+
+
+def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
+    """perf_analyzer at ``concurrency`` for ``duration_s`` while memory is sampled each second."""
     outcome: dict = {}
 
     def measure() -> None:
@@ -130,16 +149,9 @@ def load_phase(server, settings: SoakSettings, run_dir: Path) -> dict:
             outcome.update(_perf_analyzer(server, settings, run_dir))
         except Exception as exc:  # noqa: BLE001 (reported in the figures)
             outcome["perf_analyzer_error"] = str(exc)
-        finally:
-            done.set()
 
     before = request_counts(server.metrics_url, settings.model)
-    started = time.monotonic()
-    worker = threading.Thread(target=measure, daemon=True)
-    worker.start()
-    while not done.wait(1.0):
-        samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
-    worker.join()
+    samples = memory_while(server, measure)
     after = request_counts(server.metrics_url, settings.model)
     return {
         "requests_succeeded": int(after["success"] - before["success"]),
@@ -333,9 +345,7 @@ def inflight_soak(
     run_dir.mkdir(parents=True, exist_ok=True)
     repo = prepare_run_repository(run_dir, models=[s.model], source=repository)
     result: dict = {"settings": asdict(s), "host": host_facts()}
-    samples: list[tuple[float, int]] = []
     with serving(run_dir, repo.path, [s.model], startup_timeout_s=s.startup_timeout_s) as server:
-        done = threading.Event()
         outcome: dict = {}
 
         def load() -> None:
@@ -354,15 +364,8 @@ def inflight_soak(
                 )
             except Exception as exc:  # noqa: BLE001 (reported in the figures)
                 outcome["error"] = str(exc)
-            finally:
-                done.set()
 
-        started = time.monotonic()
-        worker = threading.Thread(target=load, daemon=True)
-        worker.start()
-        while not done.wait(1.0):
-            samples.append((round(time.monotonic() - started, 1), server_memory(server.pid)))
-        worker.join()
+        samples = memory_while(server, load)
         stats = [line for line in server.log_tail(400).splitlines() if "in-flight engine" in line]
     if "frame" in outcome:
         row = outcome["frame"].iloc[0].to_dict()
