@@ -59,13 +59,31 @@ class BatchingSettings:
     timeout_s: float = 900.0
 
 
+@dataclass
+class BatchingResult:
+    """Both phases' figures (:data:`PHASE_FIGURES`, plus the server's own average batch size),
+    and how the second compares with the first."""
+
+    model: str
+    concurrency: int
+    max_batch_size: int
+    max_queue_delay_microseconds: int
+    host: dict
+    run_dir: str
+    off: dict = field(default_factory=dict)
+    on: dict = field(default_factory=dict)
+    throughput_ratio: float | None = None
+    p99_ratio: float | None = None
+    wall_s: float | None = None
+
+
 def batching_off_on(
     repository: str | os.PathLike,
     run_dir: str | os.PathLike,
     settings: BatchingSettings | None = None,
     *,
     progress: bool = True,
-) -> dict:
+) -> BatchingResult:
     """Measure ``settings.model`` with dynamic batching off, then on; return the figures and
     write them to ``<run_dir>/batching.json``.
 
@@ -90,24 +108,25 @@ def batching_off_on(
         max_queue_delay_microseconds=s.max_queue_delay_microseconds,
     )
     repo.write_config(s.model, off)
-    result: dict = {
-        "model": s.model,
-        "concurrency": s.concurrency,
-        "max_batch_size": on.max_batch_size,
-        "max_queue_delay_microseconds": s.max_queue_delay_microseconds,
-        "host": host_facts(),
-        "run_dir": str(run_dir),
-    }
+    result = BatchingResult(
+        model=s.model,
+        concurrency=s.concurrency,
+        max_batch_size=on.max_batch_size,
+        max_queue_delay_microseconds=s.max_queue_delay_microseconds,
+        host=host_facts(),
+        run_dir=str(run_dir),
+    )
     started = time.monotonic()
     options = {"startup_timeout_s": s.startup_timeout_s, "warm": False}
     with serving(run_dir, repo.path, [s.model], **options) as server:
-        for phase, config in (("off", off), ("on", on)):
-            reload(server, s.model, config, repository=repo)
-            result[phase] = _measure(server, s, phase, run_dir, progress)
-    result["throughput_ratio"] = result["on"]["throughput"] / result["off"]["throughput"]
-    result["p99_ratio"] = result["on"]["p99_ms"] / result["off"]["p99_ms"]
-    result["host"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    result["wall_s"] = round(time.monotonic() - started, 1)
+        reload(server, s.model, off, repository=repo)
+        result.off = _measure(server, s, "off", run_dir, progress)
+        reload(server, s.model, on, repository=repo)
+        result.on = _measure(server, s, "on", run_dir, progress)
+    result.throughput_ratio = result.on["throughput"] / result.off["throughput"]
+    result.p99_ratio = result.on["p99_ms"] / result.off["p99_ms"]
+    result.host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    result.wall_s = round(time.monotonic() - started, 1)
     write_result(run_dir, "batching", result)
     return result
 
@@ -153,12 +172,12 @@ def _input_name(server: TritonServer, model: str) -> str:
     return inputs[0]["name"]
 
 
-def table(result: dict) -> str:
+def table(result: BatchingResult) -> str:
     """The result as a small text table."""
     rows = [
         ("", "batching off", "batching on"),
         *[
-            (name, f"{result['off'][key]:.2f}", f"{result['on'][key]:.2f}")
+            (name, f"{result.off[key]:.2f}", f"{result.on[key]:.2f}")
             for name, key in (
                 ("throughput (infer/s)", "throughput"),
                 ("p50 latency (ms)", "p50_ms"),
@@ -168,7 +187,7 @@ def table(result: dict) -> str:
                 ("average batch size", "avg_batch_size"),
             )
         ],
-        ("stable measurement", str(result["off"]["stable"]), str(result["on"]["stable"])),
+        ("stable measurement", str(result.off["stable"]), str(result.on["stable"])),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
@@ -178,7 +197,7 @@ def table(result: dict) -> str:
         for r in rows
     ]
     lines.append(
-        f"{result['model']} at concurrency {result['concurrency']}: throughput x"
-        f"{result['throughput_ratio']:.2f} with dynamic batching, p99 x{result['p99_ratio']:.2f}"
+        f"{result.model} at concurrency {result.concurrency}: throughput x"
+        f"{result.throughput_ratio:.2f} with dynamic batching, p99 x{result.p99_ratio:.2f}"
     )
     return "\n".join(lines)

@@ -52,7 +52,8 @@ def test_bench_batching_writes_both_phases_and_leaves_the_source_untouched(tmp_p
     assert (source / "sleepy" / "config.pbtxt").read_text() == before
     served = Repository(tmp_path / "run" / "model_repository").config("sleepy")
     assert served.HasField("dynamic_batching")  # the run's copy ended with batching on
-    assert (tmp_path / "run" / "batching.json").is_file()
+    # one rule for every benchmark: it writes its run folder's JSON; --json gets the same figures
+    assert json.loads((tmp_path / "run" / "batching.json").read_text()) == result
 
 
 def test_a_zero_concurrency_is_refused_before_anything_starts(tmp_path):
