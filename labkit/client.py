@@ -26,7 +26,7 @@ OUTPUT_NAME = "text_output"
 PROTOCOLS = ("http", "grpc")
 
 
-def _address(url: str) -> str:
+def server_address(url: str) -> str:
     """``host:port`` from ``host:port`` or ``http://host:port/``."""
     return url.split("://", 1)[-1].rstrip("/")
 
@@ -78,14 +78,14 @@ def _client(url: str, protocol: str, timeout_s: float = 600.0):
     if protocol == "http":
         import tritonclient.http as module  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
-        address = _address(url)
+        address = server_address(url)
         return module, module.InferenceServerClient(
             address, connection_timeout=timeout_s, network_timeout=timeout_s
         )
     if protocol == "grpc":
         import tritonclient.grpc as module  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
-        return module, module.InferenceServerClient(_address(url))
+        return module, module.InferenceServerClient(server_address(url))
     raise ConfigError(f"protocol {protocol!r} is not supported; use one of {', '.join(PROTOCOLS)}")
 
 
@@ -163,7 +163,7 @@ def generate(
     """``POST /v2/models/<model>/generate`` with ``{"text_input": prompt, **params}``."""
     body = json.dumps({INPUT_NAME: prompt, **params}).encode("utf-8")
     request = urllib.request.Request(
-        f"http://{_address(url)}/v2/models/{model}/generate",
+        f"http://{server_address(url)}/v2/models/{model}/generate",
         data=body,
         headers={"Content-Type": "application/json"},
     )
@@ -209,7 +209,7 @@ def curl_command(
         raise ConfigError(
             f"endpoint {endpoint!r} is not supported; use 'infer', 'generate' or 'generate_stream'"
         )
-    target = f"{_address(url)}/v2/models/{model}/{endpoint}"
+    target = f"{server_address(url)}/v2/models/{model}/{endpoint}"
     flags = "-N " if endpoint == "generate_stream" else ""
     return f"curl {flags}-X POST {target} -d {shlex.quote(json.dumps(body))}"
 
@@ -252,7 +252,7 @@ def infer_json(
     if params:
         body["parameters"] = params
     request = urllib.request.Request(
-        f"http://{_address(url)}/v2/models/{model}/infer",
+        f"http://{server_address(url)}/v2/models/{model}/infer",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )

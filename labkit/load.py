@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labkit import streaming
-from labkit.client import INPUT_NAME, _address, error_text, model_batches
+from labkit.client import INPUT_NAME, error_text, model_batches, server_address
 from labkit.errors import ConfigError, InferenceError, ServerTimeoutError
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class Load:
                 f"max_requests={max_requests} and max_duration_s={max_duration_s} must be >= 0 "
                 "(or None: no bound)"
             )
-        self.address = _address(url)
+        self.address = server_address(url)
         self.host, _, port = self.address.rpartition(":")
         self.port = int(port)
         self.model = model

@@ -38,11 +38,11 @@ from tritonclient.utils import InferenceServerException
 from labkit.client import (
     INPUT_NAME,
     OUTPUT_NAME,
-    _address,
     _client,
     _refused,
     _unreachable,
     model_batches,
+    server_address,
 )
 from labkit.errors import ConfigError, InferenceError
 from labkit.repository import CONFIG_FILE, Repository
@@ -100,7 +100,7 @@ def _http_responses(
 ) -> Iterator[Response]:
     body = json.dumps({INPUT_NAME: prompt, **params}).encode("utf-8")
     request = urllib.request.Request(
-        f"http://{_address(url)}/v2/models/{model}/generate_stream",
+        f"http://{server_address(url)}/v2/models/{model}/generate_stream",
         data=body,
         headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
     )
@@ -319,7 +319,7 @@ def is_streaming(url: str, model: str, timeout_s: float = 10.0) -> bool | None:
     """Whether ``model``'s config is decoupled (it streams); None when it cannot be read."""
     try:
         with urllib.request.urlopen(
-            f"http://{_address(url)}/v2/models/{model}/config", timeout=timeout_s
+            f"http://{server_address(url)}/v2/models/{model}/config", timeout=timeout_s
         ) as response:
             config = json.loads(response.read())
     except (OSError, ValueError) as exc:
