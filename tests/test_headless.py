@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ from conftest import write_notebook
 from labkit import headless, runs
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingFileError
-from labkit.repository import prepare_run_repository
 
 CELL_TIMEOUT_S = 60
 
@@ -255,29 +253,6 @@ def test_two_interactive_runs_never_share_a_folder(tmp_path, monkeypatch):
     assert first != second and first.is_dir() and second.is_dir()
     assert first.parent == (tmp_path / "runs").resolve()
     assert first.name.endswith("-01_serve") and second.name.startswith(first.name)
-
-
-def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
-    source = tmp_path / "repo"
-    (source / "m" / "1").mkdir(parents=True)
-    (source / "m" / "config.pbtxt").write_text('backend: "python"\n')
-    (source / "m" / "1" / "model.safetensors").write_bytes(b"\0" * 4096)
-    (tmp_path / "weights").mkdir()
-    os.symlink(tmp_path / "weights", source / "m" / "weights")
-
-    copy = prepare_run_repository(tmp_path / "run", source=source).path
-
-    (copy / "m" / "config.pbtxt").write_text("max_batch_size: 8\n")
-    assert (source / "m" / "config.pbtxt").read_text() == 'backend: "python"\n'
-    assert (copy / "m" / "weights").is_symlink()
-    assert os.path.samefile(
-        copy / "m" / "1" / "model.safetensors", source / "m" / "1" / "model.safetensors"
-    )
-    # run again in the same folder: the run's copy and its edit are kept
-    assert prepare_run_repository(tmp_path / "run", source=source).path == copy
-    assert (copy / "m" / "config.pbtxt").read_text() == "max_batch_size: 8\n"
-    with pytest.raises(MissingFileError, match="does not exist"):
-        prepare_run_repository(tmp_path / "run2", source=tmp_path / "nothing")
 
 
 def test_each_invocation_gets_its_own_timestamped_run_folder(tmp_path, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from labkit.repository import (
     config_to_text,
     embedding_config,
     parse_config,
+    prepare_run_repository,
     read_config,
     validate,
     write_config,
@@ -346,3 +348,38 @@ def test_add_from_the_catalog_delegates_to_the_catalog_and_checks_the_result(rep
     assert cfg.parameters["huggingface_model"].string_value == "tiiuae/falcon-7b"
     with pytest.raises(ConfigError, match="already exists"):
         repo.add("falcon", "falcon7b")
+
+
+def test_a_run_repository_passes_where_a_folder_path_does(tmp_path):
+    source = tmp_path / "repo"
+    (source / "m" / "1").mkdir(parents=True)
+    (source / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    repo = prepare_run_repository(tmp_path / "run", source=source)
+    assert Path(repo) == (tmp_path / "run" / "model_repository").resolve() == repo.path
+    assert str(repo) == os.fspath(repo) == str(repo.path)
+    assert repo / "m" / "config.pbtxt" == repo.path / "m" / "config.pbtxt"
+    with pytest.raises(ConfigError, match="neither in the model repository"):
+        prepare_run_repository(tmp_path / "run", models=["no_such_model"], source=source)
+
+
+def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
+    source = tmp_path / "repo"
+    (source / "m" / "1").mkdir(parents=True)
+    (source / "m" / "config.pbtxt").write_text('backend: "python"\n')
+    (source / "m" / "1" / "model.safetensors").write_bytes(b"\0" * 4096)
+    (tmp_path / "weights").mkdir()
+    os.symlink(tmp_path / "weights", source / "m" / "weights")
+
+    copy = prepare_run_repository(tmp_path / "run", source=source).path
+
+    (copy / "m" / "config.pbtxt").write_text("max_batch_size: 8\n")
+    assert (source / "m" / "config.pbtxt").read_text() == 'backend: "python"\n'
+    assert (copy / "m" / "weights").is_symlink()
+    assert os.path.samefile(
+        copy / "m" / "1" / "model.safetensors", source / "m" / "1" / "model.safetensors"
+    )
+    # run again in the same folder: the run's copy and its edit are kept
+    assert prepare_run_repository(tmp_path / "run", source=source).path == copy
+    assert (copy / "m" / "config.pbtxt").read_text() == "max_batch_size: 8\n"
+    with pytest.raises(MissingFileError, match="does not exist"):
+        prepare_run_repository(tmp_path / "run2", source=tmp_path / "nothing")

@@ -62,7 +62,10 @@ class Repository:
     def __repr__(self) -> str:
         return f"Repository({str(self.path)!r})"
 
-    def __fspath__(self) -> str:
+    def __fspath__(self) -> str:  # a Repository goes wherever a folder's path does
+        return str(self.path)
+
+    def __str__(self) -> str:
         return str(self.path)
 
     def __truediv__(self, part: str | os.PathLike) -> Path:
