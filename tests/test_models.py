@@ -206,3 +206,20 @@ def test_the_converted_smollm2_checkpoint_claims_no_gguf_quantization():
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in config
+
+
+def test_requests_that_differ_only_in_max_tokens_share_one_generate_group(protocol):
+    """Dynamic batching's fair baseline: a batch is generated to its longest max_tokens and each
+    answer cut at its own, so mixed lengths still batch; other settings still split groups."""
+
+    def prompts(max_tokens: int, temperature: float = 0.0):
+        settings = protocol.Settings(max_tokens=max_tokens, temperature=temperature)
+        return protocol.Prompts(shape=(1,), texts=["Hi"], ids=[[1]], settings=settings,
+                                full_text=False)  # fmt: skip
+
+    requests = [prompts(4), prompts(9), prompts(6, temperature=0.7), prompts(2)]
+    groups = protocol.group_by_settings(requests, lambda r: r, lambda i, m: None)
+    by_members = {tuple(m.index for m in members): s for s, members in groups.items()}
+    assert set(by_members) == {(0, 1, 3), (2,)}
+    assert by_members[(0, 1, 3)].max_tokens == 9 and not by_members[(0, 1, 3)].do_sample
+    assert by_members[(2,)] == protocol.Settings(max_tokens=6, temperature=0.7)

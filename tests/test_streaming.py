@@ -138,6 +138,23 @@ def test_concurrent_streams_are_batched_and_each_gets_its_own_answer(server):
 
 
 @pytest.mark.integration
+def test_streams_asking_different_max_tokens_share_a_batch_and_each_stops_at_its_own(server):
+    jobs = [(p, 3 + 3 * i) for i, p in enumerate(PROMPTS)]  # 3, 6, 9, 12 new tokens
+    expected = {p: client.generate(server.http_url, "tf", p, max_tokens=n).text for p, n in jobs}
+
+    def one(job):
+        prompt, max_tokens = job
+        pieces = streaming.stream(
+            server.grpc_url, "tfb_stream", prompt, "grpc", max_tokens=max_tokens
+        )
+        return prompt, "".join(pieces)
+
+    got, counts = sent_together(server, "tfb_stream", one, jobs)
+    assert dict(got) == expected  # each answer is the answer alone at its own length
+    assert counts["execution_count"] == 1, f"not one batch: {counts}"
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_bad_request_on_a_stream_is_a_clear_error_and_the_next_stream_works(
     server, tf_stream, protocol

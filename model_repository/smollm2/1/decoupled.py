@@ -65,7 +65,7 @@ class PieceStreamer(BaseStreamer):
             self.prompt_seen = True
             return
         for stream in self.streams:
-            if not stream.cancelled and stream.sender.is_cancelled():
+            if not (stream.cancelled or stream.finished) and stream.sender.is_cancelled():
                 stream.cancel()
         if all(stream.cancelled for stream in self.streams):  # every client went away: stop
             raise StreamCancelled(f"{len(self.streams)} request(s) cancelled by their clients")
@@ -80,8 +80,13 @@ class PieceStreamer(BaseStreamer):
             piece = stable_piece(self.decode(row.ids, row.new), row.emitted)
             row.emitted += piece
             pieces.setdefault(row.stream, [""] * len(row.stream.rows))[row.index] = piece
+            # a request batched with longer ones stops at its own max_tokens
+            row.done = len(row.new) >= row.stream.prompts.settings.max_tokens
         for stream, texts in pieces.items():
             stream.send(texts)
+        for stream in self.streams:  # a request whose rows have all ended is told so now
+            if not stream.finished and not stream.cancelled and all(r.done for r in stream.rows):
+                self._finish(stream)
 
     def end(self) -> None:
         """Called by generate() when it is done; :meth:`finish` (the caller's) sends the end."""
@@ -95,8 +100,12 @@ class PieceStreamer(BaseStreamer):
                 except Exception as exc:  # noqa: BLE001 (the request may be gone already)
                     pb_utils.Logger.log_info(f"cancelled request not told: {exc!r}")
                 continue
-            texts = [rest_of(row, self.decode) for row in stream.rows]
-            stream.send(texts, flags=FINAL)
+            if not stream.finished:
+                self._finish(stream)
+
+    def _finish(self, stream: RequestStream) -> None:
+        stream.send([rest_of(row, self.decode) for row in stream.rows], flags=FINAL)
+        stream.finished = True
 
 
 @dataclass(eq=False)  # compared (and hashed) by identity: a key of put()'s pieces
@@ -108,6 +117,7 @@ class RequestStream:
     rows: list[Row] = field(init=False)
     sent: bool = False  # a response went out already
     cancelled: bool = False  # its client went away
+    finished: bool = False  # its final response went out
 
     def __post_init__(self) -> None:
         self.rows = [Row(self, i, ids) for i, ids in enumerate(self.prompts.ids)]

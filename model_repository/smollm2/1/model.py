@@ -75,7 +75,8 @@ class TritonPythonModel:
         return self._answer_batch(requests)
 
     def _answer_batch(self, requests: list) -> list:
-        """One response per request; each group of equal settings is one ``generate`` call."""
+        """One response per request; each group of equal sampling settings is one ``generate``
+        call (to the group's longest ``max_tokens``, each answer cut at its own)."""
         responses = [None] * len(requests)
 
         def refuse(index: int, message: str) -> None:
@@ -83,7 +84,7 @@ class TritonPythonModel:
 
         for settings, members in group_by_settings(requests, self.reader.read, refuse).items():
             try:
-                completions = self.generate_ids(token_ids(members), settings)
+                completions = self.generate_ids(token_ids(members), settings, row_limits(members))
             except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
                 pb_utils.Logger.log_error(f"{self.name}: generate failed: {exc!r}")
                 for member in members:
@@ -103,18 +104,24 @@ class TritonPythonModel:
         prompts = [member.prompts for member in members]
         streamer = PieceStreamer(senders, prompts, self.completion, self.eos_ids)
         try:
-            self.generate_ids(token_ids(members), settings, streamer)
+            self.generate_ids(token_ids(members), settings, row_limits(members), streamer)
             streamer.finish()
         except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
-            end_streams(senders, exc, self.name)
+            unfinished = [s.sender for s in streamer.streams if not s.finished]
+            end_streams(unfinished, exc, self.name)
 
     @torch.inference_mode()
     def generate_ids(
-        self, ids: list[list[int]], settings: Settings, streamer: BaseStreamer | None = None
+        self,
+        ids: list[list[int]],
+        settings: Settings,
+        limits: list[int] | None = None,
+        streamer: BaseStreamer | None = None,
     ) -> list[str]:
         """Generate for all token sequences at once (left-padded: a prompt's greedy answer in a
-        batch equals its answer alone); return each one's new text. A ``streamer`` gets each
-        new token as it is made."""
+        batch equals its answer alone), to ``settings.max_tokens``; return each one's new text,
+        cut at its own limit in ``limits`` when given. A ``streamer`` gets each new token as it
+        is made."""
         batch = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
         config = GenerationConfig(
@@ -133,8 +140,8 @@ class TritonPythonModel:
         output = self.model.generate(**batch, generation_config=config, streamer=streamer)
         width = batch["input_ids"].shape[1]
         texts = []
-        for seq, prompt in zip(output, ids, strict=True):
-            new = seq[width:].tolist()
+        for row, (seq, prompt) in enumerate(zip(output, ids, strict=True)):
+            new = seq[width:].tolist()[: limits[row] if limits else None]
             for i, token in enumerate(new):
                 if token in self.eos_ids:
                     new = new[:i]
@@ -193,3 +200,8 @@ class TritonPythonModel:
 def token_ids(members: list[Member]) -> list[list[int]]:
     """The token ids of every prompt of ``members``, in order: one ``generate`` batch."""
     return [seq for member in members for seq in member.prompts.ids]
+
+
+def row_limits(members: list[Member]) -> list[int]:
+    """Each prompt's own ``max_tokens``, in the order of :func:`token_ids`."""
+    return [m.prompts.settings.max_tokens for m in members for _ in m.prompts.ids]

@@ -47,7 +47,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
-    """Generation settings. Requests with equal settings are generated together."""
+    """Generation settings. Requests whose settings differ only in ``max_tokens`` are generated
+    together (see :func:`group_by_settings`)."""
 
     max_tokens: int = 16
     temperature: float = 0.0  # 0: greedy
@@ -222,7 +223,10 @@ def _check_prompt(i: int, item: object) -> str:
 def group_by_settings(
     requests: list, read: Callable[[object], Prompts], refuse: Callable[[int, str], None]
 ) -> dict[Settings, list[Member]]:
-    """The valid requests, grouped by settings; ``refuse(index, message)`` answers each other."""
+    """The valid requests, grouped by sampling settings; ``refuse(index, message)`` answers each
+    other. Requests that differ only in ``max_tokens`` share a group: its settings ask for the
+    largest, and each answer is cut at its own request's ``max_tokens`` (a greedy answer's first
+    n tokens are its answer to n)."""
     groups: dict[Settings, list[Member]] = {}
     for index, request in enumerate(requests):
         try:
@@ -230,8 +234,12 @@ def group_by_settings(
         except RequestError as exc:
             refuse(index, str(exc))
             continue
-        groups.setdefault(prompts.settings, []).append(Member(index=index, prompts=prompts))
-    return groups
+        sampling = replace(prompts.settings, max_tokens=0)
+        groups.setdefault(sampling, []).append(Member(index=index, prompts=prompts))
+    return {
+        replace(key, max_tokens=max(m.prompts.settings.max_tokens for m in members)): members
+        for key, members in groups.items()
+    }
 
 
 # -- settings -----------------------------------------------------------------------------------
