@@ -19,7 +19,15 @@ from labkit.errors import ConfigError, LabkitError, MissingFileError
 from labkit.report import FIGURES_FILE
 from labkit.repository import apply_edits, prepare_run_repository, read_config
 from labkit.runs import run_folder
-from labkit.server import TritonServer, index, reload, served_config, serving, start_server
+from labkit.server import (
+    TritonServer,
+    index,
+    reload,
+    serve_streaming_twin,
+    served_config,
+    serving,
+    start_server,
+)
 
 
 def show_warnings_in_notebooks() -> None:
@@ -54,6 +62,7 @@ __all__ = [
     "record",
     "reload",
     "run_folder",
+    "serve_streaming_twin",
     "served_config",
     "serving",
     "show_code",

@@ -1,6 +1,8 @@
-"""``labkit bench soak``: hold a model under load for a while, then provoke faults; write figures.
+"""``labkit bench soak`` and ``inflight-soak``: a model held under load for a while; figures.
 
-Two phases on one server, on a run folder's own copy of the model repository:
+``labkit bench inflight-soak`` (:func:`inflight_soak`): AIPerf's streams on the in-flight model
+while memory is sampled. ``labkit bench soak`` (:func:`run_soak`): two phases on one server, on
+a run folder's own copy of the model repository:
 
 1. **Load.** perf_analyzer keeps ``concurrency`` requests in flight for ``duration_s`` seconds
    (three measurement windows of a third each). Meanwhile the resident memory of tritonserver and

@@ -22,14 +22,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import queue
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,13 +43,11 @@ from labkit.client import (
     server_address,
 )
 from labkit.errors import ConfigError, InferenceError
-from labkit.repository import CONFIG_FILE, Repository
 
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("http", "grpc")
 #: The name notebooks give the streaming twin of a model folder.
-STREAM_SUFFIX = "_stream"
 
 
 @dataclass(frozen=True)
@@ -326,47 +322,3 @@ def is_streaming(url: str, model: str, timeout_s: float = 10.0) -> bool | None:
         log.debug("cannot read the config of %r from %s: %s", model, url, exc)
         return None
     return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
-
-
-def serve_streaming_twin(server: Any, model: str) -> str | None:
-    """Load ``<model>_stream``, the streaming twin of ``model``, and return its name.
-
-    The lab's repository holds ``smollm2_stream`` beside ``smollm2``: the same code and weights,
-    decoupled. A model without such a folder (a catalog model added to a run) gets one written
-    beside it first: its config with ``decoupled: true`` and links to the model's own files.
-    Returns None only for a remote server, whose repository cannot be written from here.
-    """
-    twin = model + STREAM_SUFFIX
-    states = {m["name"]: m.get("state", "") for m in server.model_index()}
-    if twin not in states:
-        if server.mode == "remote":
-            log.info("no %s on the remote server and its repository is not here", twin)
-            return None
-        write_streaming_twin(Repository(server.model_repository), model)
-    if states.get(twin) != "READY":
-        server.load_model(twin)
-    return twin
-
-
-def write_streaming_twin(repository: Repository, model: str) -> Path:
-    """Write ``<model>_stream``: ``model``'s config, decoupled, and relative links to its files."""
-    source = repository.model_dir(model)
-    twin = repository.new_model_dir(model + STREAM_SUFFIX)
-    config = repository.config(model)
-    config.name = twin.name
-    config.model_transaction_policy.decoupled = True
-    twin.mkdir()
-    for entry in sorted(source.iterdir()):
-        if entry.name == CONFIG_FILE or entry.name.startswith("."):
-            continue
-        if entry.is_dir() and entry.name.isdigit() and not entry.is_symlink():
-            (twin / entry.name).mkdir()
-            for item in sorted(entry.iterdir()):
-                if item.name != "__pycache__":
-                    (twin / entry.name / item.name).symlink_to(
-                        os.path.relpath(item, twin / entry.name)
-                    )
-        else:
-            (twin / entry.name).symlink_to(os.path.relpath(entry, twin))
-    repository.write_config(twin.name, config)
-    return twin

@@ -19,7 +19,7 @@ import pytest
 from conftest import JOIN_DELAY_MICROSECONDS, imported_as_triton_does, sent_together, wait_for
 from labkit import client, repository, streaming
 from labkit.errors import InferenceError
-from labkit.server import TritonServer
+from labkit.server import TritonServer, serve_streaming_twin
 from labkit.widgets import prompt_ui
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,7 @@ def url(server, protocol: str) -> str:
 @pytest.fixture(scope="module")
 def tf_stream(server):
     """``tf``'s streaming twin, loaded the way notebook 01 loads ``smollm2_stream``."""
-    assert streaming.serve_streaming_twin(server, "tf") == "tf_stream"
+    assert serve_streaming_twin(server, "tf") == "tf_stream"
     states = {m["name"]: m.get("state") for m in server.model_index()}
     assert states["tf_stream"] == "READY"
     return "tf_stream"
@@ -223,10 +223,10 @@ def test_an_unloaded_model_and_an_unreachable_server_are_named(server):
 
 @pytest.mark.integration
 def test_a_remote_server_without_a_twin_gets_none_and_decoupled_is_read_from_the_server(server):
-    assert streaming.serve_streaming_twin(server, "smollm2") == "smollm2_stream"
+    assert serve_streaming_twin(server, "smollm2") == "smollm2_stream"
     # a local server gets a missing twin written (labkit.streaming); a remote one cannot
     remote = TritonServer(url=f"http://{server.http_url}")
-    assert streaming.serve_streaming_twin(remote, "tfb_stream") is None
+    assert serve_streaming_twin(remote, "tfb_stream") is None
     assert "tfb_stream_stream" not in {m["name"] for m in server.model_index()}
     assert streaming.is_streaming(server.http_url, "smollm2_stream") is True
     assert streaming.is_streaming(server.http_url, "smollm2") is False

@@ -22,7 +22,13 @@ from .config import (
     validate,
     write_config,
 )
-from .folder import Repository, add_model, prepare_run_repository
+from .folder import (
+    STREAM_SUFFIX,
+    Repository,
+    add_model,
+    prepare_run_repository,
+    write_streaming_twin,
+)
 from .models import (
     CATALOG,
     CatalogEntry,
@@ -36,6 +42,7 @@ from .models import (
 
 __all__ = [
     "CATALOG",
+    "STREAM_SUFFIX",
     "CONFIG_FILE",
     "KINDS",
     "CatalogEntry",
@@ -57,4 +64,5 @@ __all__ = [
     "textgen_config",
     "validate",
     "write_config",
+    "write_streaming_twin",
 ]

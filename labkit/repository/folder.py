@@ -354,3 +354,31 @@ def prepare_run_repository(
             add_model(repo.path, name, **overrides)
     prepare_repository(repo.path)
     return repo
+
+
+#: A streaming twin's name: ``<model>_stream`` (the lab's ``smollm2_stream`` is ``smollm2``'s).
+STREAM_SUFFIX = "_stream"
+
+
+def write_streaming_twin(repository: Repository, model: str) -> Path:
+    """Write ``<model>_stream``: ``model``'s config, decoupled, and relative links to its files."""
+    source = repository.model_dir(model)
+    twin = repository.new_model_dir(model + STREAM_SUFFIX)
+    config = repository.config(model)
+    config.name = twin.name
+    config.model_transaction_policy.decoupled = True
+    twin.mkdir()
+    for entry in sorted(source.iterdir()):
+        if entry.name == CONFIG_FILE or entry.name.startswith("."):
+            continue
+        if entry.is_dir() and entry.name.isdigit() and not entry.is_symlink():
+            (twin / entry.name).mkdir()
+            for item in sorted(entry.iterdir()):
+                if item.name != "__pycache__":
+                    (twin / entry.name / item.name).symlink_to(
+                        os.path.relpath(item, twin / entry.name)
+                    )
+        else:
+            (twin / entry.name).symlink_to(os.path.relpath(entry, twin))
+    repository.write_config(twin.name, config)
+    return twin

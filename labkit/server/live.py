@@ -21,7 +21,7 @@ import psutil
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from labkit.errors import ConfigError, MissingFileError, ServerError
-from labkit.repository import Repository
+from labkit.repository import STREAM_SUFFIX, Repository, write_streaming_twin
 from labkit.repository.config import ModelConfig, check_name
 from labkit.settings import redact
 
@@ -266,3 +266,23 @@ def recover(server: TritonServer, models: list[str] | None = None) -> list[str]:
         log.warning("restarting %s: a Python stub process of it had died", name)
         restart(server, name)
     return names
+
+
+def serve_streaming_twin(server: TritonServer, model: str) -> str | None:
+    """Load ``<model>_stream``, the streaming twin of ``model``, and return its name.
+
+    The lab's repository holds ``smollm2_stream`` beside ``smollm2``: the same code and weights,
+    decoupled. A model without such a folder (a catalog model added to a run) gets one written
+    beside it first: its config with ``decoupled: true`` and links to the model's own files.
+    Returns None only for a remote server, whose repository cannot be written from here.
+    """
+    twin = model + STREAM_SUFFIX
+    states = {m["name"]: m.get("state", "") for m in server.model_index()}
+    if twin not in states:
+        if server.mode == "remote":
+            log.info("no %s on the remote server and its repository is not here", twin)
+            return None
+        write_streaming_twin(Repository(server.model_repository), model)
+    if states.get(twin) != "READY":
+        server.load_model(twin)
+    return twin
