@@ -138,6 +138,8 @@ def record(run_dir: str | os.PathLike, **figures: object) -> dict:
     path = Path(run_dir) / FIGURES_FILE
     recorded = json.loads(path.read_text()) if path.is_file() else {}
     for name, value in figures.items():
+        if hasattr(value, "as_figure"):
+            value = value.as_figure()
         if isinstance(value, float):
             value = float(f"{value:.4g}")
         recorded[name] = value

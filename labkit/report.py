@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labkit.lessons.conclusion import figure_text
+
 log = logging.getLogger(__name__)
 
 #: A notebook's headline figures, in its own folder (written by labkit.lab.record).
@@ -57,7 +59,7 @@ class RunReport:
         lines.insert(1, "  ".join("-" * w for w in widths))
         for r in self.results:
             if r.figures:
-                shown = ", ".join(f"{k} {v}" for k, v in r.figures.items())
+                shown = ", ".join(f"{k} {figure_text(v)}" for k, v in r.figures.items())
                 lines.append(f"{Path(r.notebook).name}: {shown}")
         for r in self.results:
             if r.error:
@@ -115,7 +117,7 @@ def write_index(report: RunReport) -> Path:
         if r.folder and Path(r.folder).is_dir():
             links.append(f"<a href='{_href(r.folder, report.run_dir)}/'>files</a>")
         figures = "".join(
-            f"<li>{html.escape(str(k))}: <b>{html.escape(str(v))}</b></li>"
+            f"<li>{html.escape(str(k))}: <b>{html.escape(figure_text(v))}</b></li>"
             for k, v in r.figures.items()
         )
         error = html.escape(f"{r.where()}{r.error}" if r.error else "")

@@ -3,6 +3,8 @@ their words follow those figures (a loss is never called a gain, a tie never a w
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -99,3 +101,16 @@ def test_a_winner_that_trails_beyond_the_noise_is_called_slower():
 def test_one_measurement_per_configuration_gives_no_noise_band():
     with pytest.raises(ConfigError, match="two or more"):
         lessons.confirm_winner(repeats("d", {4: [5.0]}), repeats("w", {4: [6.0]}), "w")
+
+
+def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_path):
+    from labkit import lab
+    from labkit.lessons import Ratio, figure_text
+
+    gain = Ratio.between(36.4, 20.0, "infer/s")
+    assert str(gain) == "x1.82 infer/s"
+    recorded = lab.record(tmp_path, winner_vs_default=gain)
+    assert recorded["winner_vs_default"] == {"ratio": 1.82, "of": "infer/s"}
+    assert figure_text(recorded["winner_vs_default"]) == str(gain)
+    assert figure_text(3) == "3"
+    assert math.isnan(Ratio.between(1.0, 0.0, "infer/s").value)

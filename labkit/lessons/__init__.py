@@ -1,0 +1,21 @@
+"""The conclusions the lab's measurements support, stated next to the tutorial's own figures.
+
+One module per notebook's lesson. Each function takes what a notebook measured and returns a
+:class:`Conclusion`: a table, the headline figures (for :func:`labkit.lab.record`) and the
+sentences a learner reads, computed from those figures. A difference within the measured noise is
+called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
+"""
+
+from labkit.lessons.analyzer import confirm_winner
+from labkit.lessons.batching import batching_conclusion
+from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, noise_band
+
+__all__ = [
+    "GAIN",
+    "Conclusion",
+    "Ratio",
+    "batching_conclusion",
+    "confirm_winner",
+    "figure_text",
+    "noise_band",
+]
