@@ -18,7 +18,7 @@ import pytest
 
 from conftest import group_alive, wait_for, write_python_model
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError
-from labkit.server import TritonServer, locate_tritonserver
+from labkit.server import TritonServer, locate_tritonserver, start_server
 
 ECHO_MODEL = """
 import numpy as np
@@ -340,3 +340,24 @@ def test_spawn_raises_a_missing_program_in_the_asking_thread_and_goes_on_launchi
     )
     out, _ = child.communicate(timeout=30)
     assert out.strip() == "True"  # a session of its own: stop() ends the whole group
+
+
+FAILING_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("broken on purpose"))
+                for _ in requests]
+"""
+
+
+@pytest.mark.integration
+def test_a_model_that_fails_its_warm_up_leaves_no_server_behind(tmp_path):
+    repo = tmp_path / "repo"
+    write_model(repo, "broken", FAILING_MODEL)
+    before = {p.pid for p in psutil.process_iter() if p.name() == "tritonserver"}
+    with pytest.raises(ServerError, match="broken on purpose"):
+        start_server(tmp_path, repo, ["broken"])
+    left = [p for p in psutil.process_iter() if p.name() == "tritonserver" and p.pid not in before]
+    assert left == []

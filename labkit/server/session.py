@@ -33,7 +33,8 @@ def start_server(
 
     Ports default to free ones (the tutorial's are 8000, 8001 and 8002); the server's log is
     ``<run_dir>/tritonserver.log``; ``options`` go to :class:`~labkit.server.TritonServer`.
-    Every loaded model is warmed up (:func:`~labkit.server.live.warm_up`) unless ``warm=False``.
+    Every loaded model is warmed up (:func:`~labkit.server.live.warm_up`) unless ``warm=False``;
+    when a warm-up fails, the server is stopped before the error goes on.
     """
     server = TritonServer(
         repository,
@@ -48,9 +49,13 @@ def start_server(
     )
     server.start()
     if warm:
-        for row in server.model_index():
-            if row.get("state") == "READY":
-                warm_up(server, row["name"])
+        try:
+            for row in server.model_index():
+                if row.get("state") == "READY":
+                    warm_up(server, row["name"])
+        except BaseException:  # a model that fails its first request: no server left behind
+            server.stop()
+            raise
     return server
 
 
