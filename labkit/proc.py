@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import logging
 import os
 import queue
@@ -186,8 +187,8 @@ def http_ok(url: str, timeout_s: float = 2) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False  # HTTPException: something else (not HTTP) answers on that port
 
 
 class Addresses:

@@ -148,6 +148,27 @@ def test_port_taken_between_choosing_and_binding_names_the_port_with_a_fake_port
 
 
 @pytest.mark.integration
+def test_a_picked_free_port_taken_before_triton_binds_it_is_picked_again_with_a_fake_pick(
+    echo_repo, monkeypatch, start_server
+):
+    # Fake: another process binding the port labkit picked, before Triton binds it, is a race too
+    # short to hit on purpose; the pick hands out a taken port first to make it certain.
+    from labkit.server import process
+
+    real_pick = process.free_port
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        handed = iter([taken])
+        monkeypatch.setattr(process, "free_port", lambda *a: next(handed, None) or real_pick(*a))
+        server = start_server(echo_repo)
+        assert server.ports["http"] != taken
+        assert generate(server, "echo", "abc") == "cba"
+        assert f":{taken}" in server.log_path.read_text()  # the first start met the taken port
+
+
+@pytest.mark.integration
 def test_serves_on_loopback_and_stop_leaves_no_process(echo_repo, start_server):
     server = start_server(echo_repo)
     assert generate(server, "echo", "abc") == "cba"

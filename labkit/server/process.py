@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 MODES = ("local", "docker", "remote")
+#: Starts tried with newly picked free ports when another process took one before Triton bound it.
+PORT_ATTEMPTS = 3
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
 
 
@@ -209,6 +211,19 @@ class TritonServer(Addresses):
             return self
         if self.running:
             return self
+        picked = all(port == 0 for port in self._requested_ports.values())
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except PortInUseError:
+                # A free port was taken by another process between our pick and Triton's bind
+                # (a busy machine starts kernels and servers all the time): pick again.
+                if not picked or attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("a port picked for tritonserver was taken before it bound; retrying")
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _start_once(self) -> TritonServer:
         self._choose_ports()
         if self.mode == "local":
             cmd = self.local_command()
@@ -507,6 +522,7 @@ def _copy_redacted(stream, sink, secrets: list[bytes]) -> None:
 
 #: Index states of a version the server holds, and so unloads on its way out.
 _HELD_STATES = {"READY", "LOADING", "UNLOADING"}
+
 _UNLOADED = re.compile(rb"successfully unloaded '([^']+)' version (\d+)")
 _LIVE_COUNT = re.compile(rb"Found (\d+) live models")
 
