@@ -3,8 +3,12 @@
 ``labkit run [NOTEBOOK...] [--out DIR] [-p NAME VALUE]... [--params FILE.yaml]`` runs the named
 notebooks (all of ``notebooks/`` in order when none is named) into ``runs/<timestamp>/``:
 
-- ``<stem>.ipynb`` the executed notebook (saved even when a cell fails, with the error in it),
-- ``<stem>.html`` its nbconvert HTML (plots included), and ``index.html`` linking them,
+- ``<stem>.ipynb`` the executed notebook (saved even when a cell fails, with the error in it);
+  each widget output also carries a text transcript of the widget's last state (a progress bar's
+  final count, a prompt box's prompt and answer), see :func:`labkit.report.transcribe_widgets`,
+- ``<stem>.html`` its nbconvert HTML, which renders offline (plots embed plotly.js, widgets show
+  their transcript, nothing is loaded from the network), and ``index.html`` linking them with
+  each notebook's recorded figures,
 - ``<stem>/`` the notebook's own working folder (passed as the ``RUN_DIR`` parameter when the
   notebook declares it; the notebook gets it back from :func:`labkit.runs.run_folder`),
 - ``summary.json`` the summary table that is also printed at the end.

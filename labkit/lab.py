@@ -28,6 +28,7 @@ from labkit.server import (
     serving,
     start_server,
 )
+from labkit.server.image import build_command as image_build_command
 
 
 def show_warnings_in_notebooks() -> None:
@@ -56,6 +57,7 @@ __all__ = [
     "apply_edits",
     "describe_repository",
     "expect_error",
+    "image_build_command",
     "index",
     "prepare_run_repository",
     "read_config",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import html
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,9 +60,7 @@ class RunReport:
         lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         for r in self.results:
-            if r.figures:
-                shown = ", ".join(f"{k} {figure_text(v)}" for k, v in r.figures.items())
-                lines.append(f"{Path(r.notebook).name}: {shown}")
+            lines.append(f"{Path(r.notebook).name}: {figures_summary(r.figures)}")
         for r in self.results:
             if r.error:
                 lines.append(f"{Path(r.notebook).name}: {r.where()}{r.error}")
@@ -68,25 +68,93 @@ class RunReport:
 
 
 def to_html(notebook: Path) -> str | None:
-    """Export an executed notebook to HTML beside it; a failed export is logged, not fatal."""
+    """Export an executed notebook to HTML beside it that renders offline; a failed export is
+    logged, not fatal.
+
+    Widgets (a prompt box, a progress bar) draw in Jupyter from the state the run saved; no
+    offline page can run their JavaScript renderer, so each widget output first gets a transcript
+    of that last state (:func:`transcribe_widgets`), saved into the notebook too.
+    """
     import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
-    from nbconvert import HTMLExporter  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     try:
         nb = nbformat.read(notebook, as_version=4)
-        _describe_unrenderable(nb)
-        body, _ = HTMLExporter().from_notebook_node(nb)
+        if transcribe_widgets(nb):
+            nbformat.write(nb, notebook)
+        page = offline_html(nb)
+    except OSError:  # a notebook or page that cannot be written fails the run (headless says so)
+        raise
     except Exception as exc:  # noqa: BLE001
         log.warning("could not export %s to HTML: %s", notebook.name, exc)
         return None
+    remote = remote_resources(page)
+    if remote:
+        log.warning("%s.html still loads from the network: %s", notebook.stem, ", ".join(remote))
     target = notebook.with_suffix(".html")
-    target.write_text(body, encoding="utf-8")
+    target.write_text(page, encoding="utf-8")
     return str(target)
 
 
+#: nbconvert's ``lab`` page without what it loads from a CDN: require.js (no output here needs
+#: it; plotly's embedded bundle then sets ``window.Plotly`` itself), MathJax, mermaid and the
+#: Jupyter widgets renderer (widgets are transcribed instead). Math in markdown shows as its TeX.
+_OFFLINE_TEMPLATE = """{%- extends 'index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+#: A ``<script src=...>`` that loads from the network, inside an output (plotly adds MathJax's).
+_REMOTE_SCRIPT = re.compile(
+    r"""<script\b[^>]*\bsrc\s*=\s*["']?(?:https?:)?//[^>]*>\s*</script>""", re.IGNORECASE
+)
+
+#: What a browser fetches to render a page: an element's ``src``, a stylesheet or module's URL.
+_REMOTE_REFERENCE = re.compile(
+    r"""<(?:script|img|iframe|embed|source|audio|video|input)\b[^>]*?\bsrc\s*=\s*["']?"""
+    r"""((?:https?:)?//[^"'\s>]+)"""
+    r"""|<link\b[^>]*?\bhref\s*=\s*["']?((?:https?:)?//[^"'\s>]+)"""
+    r"""|\bimport\s*\(?\s*(?:[\w{}\s,*]+\bfrom\s*)?["']((?:https?:)?//[^"']+)["']"""
+    r"""|@import\s+(?:url\()?\s*["']?((?:https?:)?//[^"')\s;]+)"""
+    r"""|url\(\s*["']?((?:https?:)?//[^"')\s]+)""",
+    re.IGNORECASE,
+)
+
+
+def offline_html(nb) -> str:
+    """A notebook's HTML page that loads nothing from the network (links are left as links).
+
+    Widget outputs show their transcript (call :func:`transcribe_widgets` first), outputs that
+    only carry a custom mimetype a line saying so, and plots their embedded plotly.js.
+    """
+    from jinja2 import DictLoader  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+    from nbconvert import HTMLExporter  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+
+    shown = copy.deepcopy(nb)
+    shown.metadata.pop("widgets", None)
+    for cell in shown.cells:
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop(WIDGET_VIEW, None)
+    _describe_unrenderable(shown)
+    exporter = HTMLExporter(
+        extra_loaders=[DictLoader({"labkit_offline.html.j2": _OFFLINE_TEMPLATE})],
+        template_file="labkit_offline.html.j2",
+    )
+    body, _ = exporter.from_notebook_node(shown)
+    return _REMOTE_SCRIPT.sub("", body)
+
+
+def remote_resources(page: str) -> list[str]:
+    """The network addresses an HTML page needs to render (scripts, stylesheets, images, ES
+    module imports, CSS ``url()``), in order, each once; plain links are not counted."""
+    found = (next(g for g in m.groups() if g) for m in _REMOTE_REFERENCE.finditer(page))
+    return list(dict.fromkeys(found))
+
+
 def _describe_unrenderable(nb) -> None:
-    """Give outputs that only carry custom mimetypes (a widget, plotly's JSON) a text line, so
-    nbconvert renders the rest of the notebook instead of refusing it."""
+    """Give outputs that only carry custom mimetypes (plotly's JSON, a widget whose state was not
+    saved) a text line, so nbconvert renders the rest of the notebook instead of refusing it."""
     shown = {
         "text/html",
         "text/plain",
@@ -105,6 +173,116 @@ def _describe_unrenderable(nb) -> None:
                 data["text/plain"] = f"[{', '.join(data)} output: shown in Jupyter only]"
 
 
+# -- widgets, as the run left them ----------------------------------------------------------------
+#: The notebook metadata that holds every widget's last state (nbclient writes it after a run).
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+#: An output that draws a widget: ``{"model_id": ...}`` names its state.
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def transcribe_widgets(nb) -> int:
+    """Give every widget output a static transcript of the widget's last saved state, as
+    ``text/plain`` and ``text/html`` beside the widget view: a prompt box shows its prompt,
+    settings and answer; a progress bar its final count (``3/3``), not the ``0%`` it showed when
+    it first drew. Jupyter still draws the live widget. Returns how many outputs it transcribed.
+    """
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    count = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            if not isinstance(view, dict):
+                continue
+            if view.get("model_id") in states:
+                text, markup = _widget(states, view["model_id"])
+                markup = f"<div class='labkit-widget'>{markup}</div>"
+            else:
+                text = "[a widget whose state this run did not save: run the notebook in Jupyter]"
+                markup = f"<pre>{html.escape(text)}</pre>"
+            output["data"]["text/plain"] = text
+            output["data"]["text/html"] = markup
+            count += 1
+    return count
+
+
+_BOXES = {"HBoxModel", "VBoxModel", "BoxModel", "GridBoxModel", "AccordionModel", "TabModel"}
+_CHOICES = {"DropdownModel", "SelectModel", "RadioButtonsModel", "ToggleButtonsModel"}
+
+
+def _widget(states: dict, ref: str, depth: int = 0) -> tuple[str, str]:
+    """One widget (and its children) as ``(text, html)``; a name the state lacks is empty."""
+    model = states.get(ref.removeprefix("IPY_MODEL_"))
+    if model is None or depth > 32:
+        return "", ""
+    s = model.get("state", {})
+    kind = model.get("model_name") or s.get("_model_name", "")
+    label = s.get("description") or ""
+    if kind in _BOXES or "children" in s:
+        parts = [p for p in (_widget(states, c, depth + 1) for c in s.get("children", [])) if p[0]]
+        row = kind == "HBoxModel"
+        text = (" " if row else "\n").join(t for t, _ in parts)
+        style = "display:flex;gap:0.6em;" + (
+            "align-items:center" if row else "flex-direction:column"
+        )
+        return text, f"<div style='{style}'>{''.join(h for _, h in parts)}</div>"
+    if kind in ("IntProgressModel", "FloatProgressModel"):
+        value, low, high = s.get("value") or 0, s.get("min") or 0, s.get("max") or 0
+        done = (value - low) / (high - low) if high > low else 0.0
+        filled = round(20 * min(max(done, 0.0), 1.0))
+        text = f"{label} |{'#' * filled}{'.' * (20 - filled)}|".strip()
+        return text, f"<progress value='{value - low}' max='{max(high - low, 0)}'></progress>"
+    if kind in ("HTMLModel", "HTMLMathModel"):
+        value = s.get("value") or ""
+        text = html.unescape(re.sub(r"<[^>]+>", "", value))
+        text = text.replace("\u2007", " ").replace("\xa0", " ").strip()  # tqdm's fixed spaces
+        return (
+            (f"{label} {text}".strip(), f"<span>{_label(label)}{value}</span>")
+            if text
+            else ("", "")
+        )
+    if kind == "ButtonModel":
+        return f"[{label}]", f"<button disabled>{html.escape(label)}</button>"
+    if kind in _CHOICES:
+        options, index = s.get("_options_labels") or [], s.get("index")
+        value = options[index] if isinstance(index, int) and 0 <= index < len(options) else ""
+        return _field(label, value or "(none)")
+    if kind == "PasswordModel":
+        return _field(label, "(hidden)")
+    if kind in ("TextareaModel", "TextModel"):
+        value = s.get("value") or ""
+        text = f"{label}: {value}" if value else f"{label}: (empty)"
+        shown = html.escape(value) if value else "<i>(empty)</i>"
+        box = "white-space:pre-wrap;border:1px solid #ccc;padding:4px 6px;margin:0;flex:1"
+        return text.strip(": "), (
+            f"<div style='display:flex;gap:0.6em'>{_label(label)}<pre style='{box}'>{shown}</pre>"
+            "</div>"
+        )
+    if kind == "CheckboxModel":
+        return _field(label, "yes" if s.get("value") else "no")
+    if kind == "OutputModel":
+        text = "".join(_output_text(o) for o in s.get("outputs", [])).rstrip()
+        return text, f"<pre>{html.escape(text)}</pre>" if text else ""
+    if "value" in s:
+        return _field(label, s["value"])
+    return "", ""
+
+
+def _field(label: str, value: object) -> tuple[str, str]:
+    text = f"{label}: {value}" if label else str(value)
+    return text, f"<span>{_label(label)}<b>{html.escape(str(value))}</b></span>"
+
+
+def _label(label: str) -> str:
+    return f"<span style='color:#555'>{html.escape(label)}</span> " if label else ""
+
+
+def _output_text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return "".join(output.get("text", ""))
+    text = output.get("data", {}).get("text/plain", "")
+    return ("".join(text) if isinstance(text, list) else text) + "\n"
+
+
 def write_index(report: RunReport) -> Path:
     """``index.html``: one row per notebook: its purpose, status, duration, headline figures, and
     links to its HTML, the executed notebook and its working folder (logs, reports)."""
@@ -116,9 +294,12 @@ def write_index(report: RunReport) -> Path:
             links.insert(0, f"<a href='{_href(r.html, report.run_dir)}'>HTML</a>")
         if r.folder and Path(r.folder).is_dir():
             links.append(f"<a href='{_href(r.folder, report.run_dir)}/'>files</a>")
-        figures = "".join(
-            f"<li>{html.escape(str(k))}: <b>{html.escape(figure_text(v))}</b></li>"
-            for k, v in r.figures.items()
+        figures = (
+            "".join(
+                f"<li>{html.escape(str(k))}: <b>{html.escape(figure_value(v))}</b></li>"
+                for k, v in r.figures.items()
+            )
+            or f"<li class='none'>{NO_FIGURES}</li>"
         )
         error = html.escape(f"{r.where()}{r.error}" if r.error else "")
         rows.append(
@@ -133,7 +314,7 @@ def write_index(report: RunReport) -> Path:
         f"{html.escape(report.run_dir.name)}</title><style>body{{font-family:sans-serif;"
         "margin:2em}table{border-collapse:collapse}td,th{padding:6px 12px;text-align:left;"
         "vertical-align:top;border-bottom:1px solid #ddd}ul{margin:0;padding-left:1.2em}"
-        ".failed td{color:#b00}.purpose{color:#555}</style></head><body>"
+        ".failed td{color:#b00}.purpose,.none{color:#555}</style></head><body>"
         f"<h1>labkit run {html.escape(report.run_dir.name)}</h1>"
         f"<p>{passed} of {len(report.results)} notebooks passed.</p><table>"
         "<tr><th>notebook</th><th>status</th><th>duration</th><th>headline figures</th>"
@@ -142,6 +323,25 @@ def write_index(report: RunReport) -> Path:
     index = report.run_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+#: What the summary and the index say for a notebook that recorded no figures.
+NO_FIGURES = "no figures recorded"
+
+
+def figure_value(value: object) -> str:
+    """A recorded figure as the index shows it: a ratio as ``x1.82 infer/s``; a mapping as
+    ``ok 14, warn 5``; a list comma-separated; anything else as itself."""
+    if isinstance(value, dict) and set(value) != {"ratio", "of"}:
+        return ", ".join(f"{k} {figure_value(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ", ".join(figure_value(v) for v in value)
+    return figure_text(value)
+
+
+def figures_summary(figures: dict) -> str:
+    """A notebook's figures on one line, ``name value; name value``, or :data:`NO_FIGURES`."""
+    return "; ".join(f"{k} {figure_value(v)}" for k, v in figures.items()) or NO_FIGURES
 
 
 def _href(path: str, root: Path) -> str:

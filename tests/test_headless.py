@@ -14,6 +14,7 @@ from conftest import write_notebook
 from labkit import headless, runs
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingFileError
+from labkit.report import remote_resources
 
 CELL_TIMEOUT_S = 60
 
@@ -65,6 +66,7 @@ def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folde
     assert "injected-parameters" in executed.cells[2].metadata.tags
     page = (tmp_path / "out" / "01_good.html").read_text()
     assert "bars-from-the-notebook" in page and "Plotly.newPlot" in page
+    assert remote_resources(page) == []
     index = (tmp_path / "out" / "index.html").read_text()
     assert re.search(r"href=[\"']01_good\.html[\"']", index) and ">ok<" in index
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -107,6 +109,29 @@ def test_a_cell_that_runs_past_its_timeout_fails_that_notebook(tmp_path):
     cells = nbformat.read(result.output, as_version=4).cells
     after = [c for c in cells if c.source == "print('woke up')"]
     assert len(after) == 1 and after[0].get("outputs") == []
+
+
+@pytest.mark.integration
+def test_a_run_page_reads_offline_with_widgets_and_progress_bars_as_the_run_left_them(tmp_path):
+    nb = write_notebook(
+        tmp_path / "widgets.ipynb",
+        "from tqdm.auto import tqdm\nfor _ in tqdm(range(4), desc='levels-of-the-sweep'): pass",
+        "import ipywidgets as w\nbox = w.Textarea(description='Prompt', value='first')\nbox",
+        "box.value = 'the-answer-set-after-display'",
+        "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=['a'], y=[1]))",
+    )
+    (result,) = run([nb], tmp_path / "out").results
+    assert result.status == "ok", result.error
+
+    page = Path(result.html).read_text()
+    assert remote_resources(page) == []
+    assert "Plotly.newPlot" in page  # the plot draws from the plotly.js embedded in the page
+    assert "levels-of-the-sweep:\u2007100%" in page and "4/4" in page
+    assert "the-answer-set-after-display" in page
+    saved = nbformat.read(result.output, as_version=4).cells
+    bar, box = (c.outputs[-1].data["text/plain"] for c in saved[:2])
+    assert bar.startswith("levels-of-the-sweep: 100% |####################| 4/4"), bar
+    assert box == "Prompt: the-answer-set-after-display"
 
 
 @pytest.mark.integration
