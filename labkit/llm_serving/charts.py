@@ -2,25 +2,92 @@
 
 from __future__ import annotations
 
+from labkit.lessons.inflight import way_name
 from labkit.profiling import request_records
+
+#: The columns a learner reads, in plain words: row key -> header.
+RESULT_COLUMNS = {
+    "output_tokens_per_s": "output tokens/s",
+    "ttft_p50_ms": "TTFT p50 (ms)",
+    "ttft_p99_ms": "TTFT p99 (ms)",
+    "itl_p50_ms": "ITL p50 (ms)",
+    "failed": "failed",
+    "aiperf_cpu_share": "AIPerf CPU share",
+}
 
 
 def results_frame(rows: list[dict]):
-    """The measured rows as a DataFrame, one line per scheduler, workload, client kind and level."""
+    """The measured rows as a table a learner reads: one line per way of serving, workload and
+    clients (``4 streaming``), the figures of :data:`RESULT_COLUMNS` under plain headers. The
+    full rows (every percentile, the CPU seconds) stay in ``inflight.json``."""
     import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
 
-    columns = ["scheduler", "workload", "streaming", "concurrency", "output_tokens_per_s",
-               "requests_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "request_p99_ms",
-               "failed", "aiperf_cpu_share"]  # fmt: skip
-    return pd.DataFrame(rows)[columns]
+    frame = pd.DataFrame(rows)
+    clients = frame["concurrency"].astype(str) + frame["streaming"].map(
+        {True: " streaming", False: " whole answers"}
+    )
+    return pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "way": frame["scheduler"].map(way_name),
+                    "workload": frame["workload"],
+                    "clients": clients,
+                }
+            ),
+            frame[list(RESULT_COLUMNS)].rename(columns=RESULT_COLUMNS),
+        ],
+        axis=1,
+    )
+
+
+#: What each target of :data:`labkit.llm_serving.figures.TARGETS` measures, in plain words.
+TARGET_WORDS = {
+    "inflight_vs_dynamic_output_tokens_per_s": "output tokens/s, in-flight over dynamic batching",
+    "inflight_ttft_p99_vs_dynamic": "TTFT p99, in-flight over dynamic batching",
+    "inflight_ttft_p50_s": "TTFT p50 in seconds, in-flight batching",
+    "inflight_served_vs_limit": "output tokens/s, in-flight served over the engine alone",
+    "failed_requests": "failed requests",
+}
+
+#: The words of a target key's tail: workload and client kind.
+TARGET_PLACES = {
+    "mixed": "mixed lengths",
+    "streaming": "streaming",
+    "nonstreaming": "whole answers",
+}
+
+
+def target_label(name: str) -> str:
+    """A target's key in plain words: ``inflight_ttft_p99_vs_dynamic_c4_mixed`` ->
+    ``TTFT p99, in-flight over dynamic batching (4 clients, mixed lengths)``."""
+    for key, words in TARGET_WORDS.items():
+        if name.startswith(key):
+            rest = name.removeprefix(key).strip("_").split("_")
+            where = []
+            if rest[0].startswith("c") and rest[0][1:].isdigit():
+                where.append(f"{rest.pop(0)[1:]} clients")
+            where += [TARGET_PLACES.get(part, part) for part in rest if part]
+            return words + (f" ({', '.join(where)})" if where else "")
+    return name
 
 
 def targets_frame(targets: dict):
-    """The targets (:func:`labkit.llm_serving.figures.targets`) next to what was measured, as a table."""
+    """The benchmark's targets (:func:`labkit.llm_serving.figures.targets`) next to what was
+    measured, one line each, in plain words."""
     import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
 
+    met = {True: "yes", False: "no", None: "not measured"}
     return pd.DataFrame(
-        [{"figure": name, **figures} for name, figures in targets.items()]
+        [
+            {
+                "figure": target_label(name),
+                "target": t["target"],
+                "measured": str(t["measured"]),
+                "met": met[t["met"]],
+            }
+            for name, t in targets.items()
+        ]
     ).set_index("figure")
 
 
@@ -31,7 +98,9 @@ def timeline_figure(rows: list[dict], title: str | None = None):
     from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     records = {row["scheduler"]: request_records(row["artifact_dir"]) for row in rows}
-    fig = make_subplots(rows=len(records), cols=1, shared_xaxes=True, subplot_titles=list(records))
+    fig = make_subplots(
+        rows=len(records), cols=1, shared_xaxes=True, subplot_titles=[way_name(r) for r in records]
+    )
     for i, (name, frame) in enumerate(records.items(), start=1):
         fig.add_trace(
             go.Bar(
@@ -74,7 +143,9 @@ def schedulers_figure(rows: list[dict], title: str | None = None):
 
     panels = [("output_tokens_per_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
               ("ttft_p99_ms", "TTFT p99 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]  # fmt: skip
-    frame = results_frame(rows)
+    import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
+
+    frame = pd.DataFrame(rows)
     frame = frame.assign(label=frame["workload"] + ", c" + frame["concurrency"].astype(str)
                          + frame["streaming"].map({True: "", False: " whole"}))  # fmt: skip
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
@@ -85,14 +156,14 @@ def schedulers_figure(rows: list[dict], title: str | None = None):
                 go.Bar(
                     x=part["label"],
                     y=part[key],
-                    name=scheduler,
+                    name=way_name(scheduler),
                     showlegend=col == 1,
                     marker_color=colours.get(scheduler),
                 ),  # fmt: skip
                 row=1,
                 col=col,
             )
-    fig.update_layout(barmode="group", title=title or "Three schedulers, the same workload")
+    fig.update_layout(barmode="group", title=title or "The ways of serving, the same workload")
     return fig
 
 

@@ -1,0 +1,104 @@
+"""Notebook 02's lesson: what a semantic search's ranking shows, and only that.
+
+An embedding search is said to find a passage "even when it shares no word with the question".
+:func:`search_conclusion` says so only when the winning passage really shares no word with the
+question (stop words aside); otherwise it names the shared words. It also says by how much the
+winner led the runner-up, and whether that lead is small.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from labkit.errors import ConfigError
+from labkit.lessons.conclusion import Conclusion
+
+#: A lead in cosine similarity below which the winner's place is called fragile.
+SMALL_MARGIN = 0.05
+
+_STOP = """a about after all also am an and any are as at be been before being between both but by
+    can could did do does doing down during each every few for from further get got had has have
+    having he her here hers him his how i if in into is it its just me more most my no nor not
+    now of off on once one only or other our ours out over own same she should so some such than
+    that the their theirs them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours"""
+#: Words that carry no topic: a passage sharing only these with the question shares no word.
+STOP_WORDS = frozenset(_STOP.split())
+
+
+def normalize(word: str) -> str:
+    """A word's lower-case letters and digits, its plural ending taken off (``Trains`` -> ``train``).
+
+    A light rule, not a stemmer: ``-ies`` -> ``-y``; ``-ches``, ``-shes``, ``-sses``, ``-xes``
+    lose ``-es``; any other final ``s`` (but ``-ss``, ``-us``, ``-is``) goes.
+    """
+    word = "".join(ch for ch in word.lower() if ch.isalnum())
+    if len(word) <= 3:
+        return word
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith(("ches", "shes", "sses", "xes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def content_words(text: str) -> set[str]:
+    """The normalized words of ``text`` that are not stop words."""
+    words = {normalize(w) for w in text.split()}
+    return {w for w in words if w and w not in STOP_WORDS}
+
+
+def search_conclusion(question: str, hits: pd.DataFrame) -> Conclusion:
+    """What a ranking shows: the winner, its lead over the runner-up, the words it shares.
+
+    ``hits`` is :func:`labkit.embedding.search`'s frame: a ``document`` and a ``score`` column,
+    best first. The table adds, for each passage, the words it shares with the question.
+    """
+    if hits.empty or not {"document", "score"} <= set(hits.columns):
+        raise ConfigError(
+            "search_conclusion() needs the ranked passages with a 'document' and a 'score' "
+            f"column, got columns {list(hits.columns)} and {len(hits)} row(s)"
+        )
+    # the words quote scores to 3 decimals; the lead is taken between the scores as quoted
+    ranked = hits.sort_values("score", ascending=False).assign(score=hits["score"].round(3))
+    asked = content_words(question)
+    shared = [sorted(content_words(doc) & asked) for doc in ranked["document"]]
+    table = ranked.assign(**{"words shared with the question": [", ".join(s) for s in shared]})
+    winner, score = ranked.iloc[0]["document"], float(ranked.iloc[0]["score"])
+    figures: dict = {"winner": winner, "winner_score": round(score, 3), "shared_words": shared[0]}
+    lines = [f'For "{question}", the passage ranked first is "{winner}" (score {score:.3f}).']
+    if len(ranked) > 1:
+        second = float(ranked.iloc[1]["score"])
+        margin = round(score - second, 3)
+        figures["margin"] = margin
+        size = (
+            f"a small lead (under {SMALL_MARGIN}): a slightly different wording of the question "
+            "could swap them"
+            if margin < SMALL_MARGIN
+            else "a clear lead"
+        )
+        lines.append(
+            f'It leads the runner-up, "{ranked.iloc[1]["document"]}", by {margin:.3f} '
+            f"({score:.3f} against {second:.3f}): {size}."
+        )
+    if shared[0]:
+        quoted = ", ".join(f'"{w}"' for w in shared[0])
+        also = [doc for doc, s in zip(ranked["document"][1:], shared[1:], strict=True) if s]
+        word_search = (
+            "A plain word search would have found it too: no other passage shares a word with "
+            "the question."
+            if not also
+            else f"{len(also)} other passage(s) share a word with the question as well."
+        )
+        lines.append(
+            f"It shares {quoted} with the question (stop words aside), so this ranking does not "
+            f"show a search that finds a passage without a common word. {word_search}"
+        )
+    else:
+        lines.append(
+            "It shares no word with the question (stop words aside): the model matched the "
+            "meaning, not the words."
+        )
+    return Conclusion(table, figures, "\n".join(lines))

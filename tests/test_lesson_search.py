@@ -1,0 +1,75 @@
+"""Notebook 02's search lesson says what the ranking shows: the "no shared word" claim only when
+the winning passage shares no word with the question, and a small lead called small."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from labkit import lessons
+from labkit.errors import ConfigError
+from labkit.lessons.search import content_words, normalize
+
+STATION = "The central station has trains to the airport every ten minutes."
+BAKERY = "Our bakery sells fresh bread and croissants every morning."
+BUS = "Bus line 4 stops in front of the library."
+
+
+def ranking(scores: dict[str, float]) -> pd.DataFrame:
+    """Passages and scores as :func:`labkit.embedding.search` returns them, best first."""
+    frame = pd.DataFrame({"document": list(scores), "score": list(scores.values())})
+    return frame.sort_values("score", ascending=False, ignore_index=True)
+
+
+def test_a_winner_sharing_a_word_is_not_said_to_share_none():
+    hits = ranking({STATION: 0.392, BUS: 0.364, BAKERY: 0.130})
+    conclusion = lessons.search_conclusion("Where can I catch a train?", hits)
+    assert conclusion.figures["shared_words"] == ["train"]
+    assert conclusion.figures["margin"] == 0.028
+    assert 'It shares "train" with the question' in conclusion.text
+    assert "shares no word" not in conclusion.text
+    assert "by 0.028 (0.392 against 0.364): a small lead" in conclusion.text
+    assert "A plain word search would have found it too" in conclusion.text
+    assert list(conclusion.table["words shared with the question"]) == ["train", "", ""]
+
+
+def test_a_winner_sharing_no_word_is_said_to_and_a_clear_lead_is_not_called_small():
+    hits = ranking({BAKERY: 0.466, STATION: 0.128, BUS: 0.102})
+    conclusion = lessons.search_conclusion("Where can I buy something for breakfast?", hits)
+    assert conclusion.figures["shared_words"] == []
+    assert "It shares no word with the question (stop words aside)" in conclusion.text
+    assert "a clear lead" in conclusion.text and "small lead" not in conclusion.text
+    assert f'"{BAKERY}" (score 0.466)' in conclusion.text
+
+
+def test_other_passages_sharing_a_word_are_counted():
+    hits = ranking({STATION: 0.5, "A train museum.": 0.3, BAKERY: 0.1})
+    conclusion = lessons.search_conclusion("Which train goes to the airport?", hits)
+    assert conclusion.figures["shared_words"] == ["airport", "train"]
+    assert "1 other passage(s) share a word with the question as well" in conclusion.text
+
+
+def test_one_passage_has_no_runner_up():
+    conclusion = lessons.search_conclusion("bread?", ranking({BAKERY: 0.4}))
+    assert "margin" not in conclusion.figures and "runner-up" not in conclusion.text
+    assert 'It shares "bread"' in conclusion.text
+
+
+def test_words_are_compared_without_case_punctuation_plurals_or_stop_words():
+    assert normalize("Trains.") == "train"
+    assert [normalize(w) for w in ("libraries", "stops", "boxes", "bus", "class")] == [
+        "library", "stop", "box", "bus", "class",
+    ]  # fmt: skip
+    assert content_words("Where can I catch a train?") == {"catch", "train"}
+
+
+def test_a_ranking_without_scores_is_refused():
+    with pytest.raises(ConfigError, match="'document' and a 'score' column"):
+        lessons.search_conclusion("q", pd.DataFrame({"document": ["a"]}))
+
+
+def test_the_lead_is_taken_between_the_scores_as_quoted():
+    hits = ranking({STATION: 0.391606, BUS: 0.364474, BAKERY: 0.129624})
+    conclusion = lessons.search_conclusion("Where can I catch a train?", hits)
+    assert "by 0.028 (0.392 against 0.364)" in conclusion.text
+    assert list(conclusion.table["score"]) == [0.392, 0.364, 0.13]
