@@ -2,7 +2,8 @@
 # Set up an AWS inf2 / trn1 (or inf1) workshop host for the lab's Neuron path:
 #   1. the Neuron apt repository, driver (aws-neuronx-dkms), runtime and tools (neuron-ls, neuron-top);
 #   2. the Neuron pip repository and its packages (torch-neuronx + neuronx-cc, or torch-neuron +
-#      neuron-cc on inf1; optimum-neuron for the LLM) into a Python virtual environment;
+#      neuron-cc on inf1) into a Python virtual environment (the LLM's vLLM Neuron plugin has its
+#      own venv: labkit/templates/neuron/vllm_neuron_setup.sh);
 #   3. the lab itself (pip install -e .) into that environment.
 # Safe to run again: every step checks what is there first. Needs sudo for the apt part.
 #
@@ -105,7 +106,6 @@ if [ "$TARGET" = inf1 ]; then
 else
     # torch-neuronx pins the torch it was built for; install it first so the lab keeps that torch.
     run "$PIP" install "neuronx-cc==2.*" "torch-neuronx" "numpy<2"
-    run "$PIP" install "optimum-neuron[neuronx]"
 fi
 REPO_ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 run "$PIP" install -e "$REPO_ROOT"

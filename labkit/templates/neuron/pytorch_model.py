@@ -6,7 +6,10 @@ Every setting comes from config.pbtxt's parameters, so this file is the same for
 - COMPILED_MODEL: the artifact; a relative path is read from the model's directory;
 - NEURON_CORE_START_INDEX / NEURON_CORE_END_INDEX: the cores shared equally by the instances;
   each instance sees only its own through NEURON_RT_VISIBLE_CORES;
-- NUM_THREADS_PER_CORE: an instance runs (its cores x this) threads;
+- NUM_THREADS_PER_CORE: an instance runs (its cores x this) threads; with TARGET cpu, torch
+  gets at most its share of the host's cores: the cores divided by the instances (times the
+  Triton servers that LABKIT_SERVERS_ON_HOST names, which labkit's Cluster sets for its
+  replicas), at least 1;
 - BATCH_REQUESTS_TO_NEURON: "true" joins the requests Triton batched into one call and splits the
   results back per request; "false" calls the model once per request.
 
@@ -23,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 
 NAME = re.compile(r"^(?P<stem>.+)__(?P<index>\d+)$")
 NEURON_TARGETS = ("inf1", "inf2", "trn1")
+SERVERS_VARIABLE = "LABKIT_SERVERS_ON_HOST"  # Triton servers sharing this host's cores
 # Request parameters the server itself may attach; never an error.
 IGNORED_PARAMETERS = frozenset(
     {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
@@ -117,6 +121,7 @@ class TritonPythonModel:
         first, last, unused = instance_cores(start, end, count, index)
         cores = last - first + 1
         threads = cores * threads_per_core  # this instance's cores, not the whole range
+        self.host_threads = host_share(count)  # TARGET cpu: torch's threads at most this
         visible = str(first) if first == last else f"{first}-{last}"
         os.environ["NEURON_RT_VISIBLE_CORES"] = visible
         if unused and index == 0:
@@ -139,7 +144,7 @@ class TritonPythonModel:
 
     def load(self, path, cores, threads):
         if self.target == "cpu":
-            torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+            torch.set_num_threads(min(threads, self.host_threads))
             model = torch.jit.load(path, map_location="cpu")
             model.eval()
             return model
@@ -219,3 +224,17 @@ class TritonPythonModel:
 
     def finalize(self):
         self.model = None
+
+
+def host_share(instances):
+    """torch threads for one of ``instances`` CPU instances: the cores this process may use,
+    divided among them in each of the servers LABKIT_SERVERS_ON_HOST names (unset: one), >= 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    try:
+        servers = max(1, int(os.environ.get(SERVERS_VARIABLE, "1")))
+    except ValueError:
+        servers = 1
+    return max(1, cores // (max(1, instances) * servers))
