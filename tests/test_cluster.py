@@ -27,7 +27,9 @@ from conftest import wait_for, write_python_model
 from labkit import client, profiling
 from labkit.cluster import REPLICA_HEADER, Checks, Cluster, failover, locate_haproxy, render_config
 from labkit.cluster.balancer import Target
+from labkit.cluster.pool import SERVERS_ON_HOST
 from labkit.errors import MissingDependencyError, ServerError
+from labkit.server import stubs
 
 try:
     HAPROXY = str(locate_haproxy())
@@ -163,6 +165,34 @@ def test_perf_analyzer_measures_through_the_balancer(cluster, protocol, tmp_path
     assert (in_flight["requests"] > 0).all()
 
 
+@pytest.mark.integration
+def test_a_burst_is_counted_request_for_request_in_the_spread(cluster):
+    spread = cluster.spread("echo", "hi", requests=6)
+    assert spread["requests"].sum() == 6, spread
+    assert set(spread["replica"]) == {"r0", "r1"}
+
+
+# -- the replicas share the host's cores -------------------------------------------------------
+@pytest.mark.integration
+def test_each_replicas_models_are_told_how_many_servers_share_the_cores(cluster):
+    pids = [pid for r in cluster.replicas for found in stubs(r.server).values() for pid in found]
+    assert len(pids) == 2  # one echo instance in each replica
+    assert {psutil.Process(pid).environ().get(SERVERS_ON_HOST) for pid in pids} == {"2"}
+
+
+def test_a_replica_gets_the_cluster_size_unless_the_user_sets_it(tmp_path):
+    repo = echo_repository(tmp_path)
+    assert Cluster(repo, 3)._new_server(0).extra_env[SERVERS_ON_HOST] == "3"
+    mine = Cluster(repo, 3, server_options={"env": {SERVERS_ON_HOST: "1", "X": "y"}})
+    assert mine._new_server(0).extra_env == {SERVERS_ON_HOST: "1", "X": "y"}
+
+
+def test_the_cluster_sets_the_variable_the_model_code_reads():
+    from labkit.repository.textgen import _settings  # the model folder's engine_settings.py
+
+    assert _settings.SERVERS_VARIABLE == SERVERS_ON_HOST
+
+
 # -- failover, measured ------------------------------------------------------------------------
 @pytest.mark.integration
 def test_a_killed_tritonserver_costs_no_request_and_is_replaced(cluster):
@@ -175,12 +205,15 @@ def test_a_killed_tritonserver_costs_no_request_and_is_replaced(cluster):
     # answered (HAProxy retried those the dead replica got until its health check took it out),
     # the other replica answered all of them while it was out, and it answered again after.
     assert f["sent_after_kill"] > 0 and f["failed_after_kill"] == 0
-    assert f["answered_by_others_while_out"] > 0 and f["answered_by_it_while_out"] == 0
-    assert 0 < f["s_to_leave_pool"] < f["s_to_repaired"] <= f["s_to_rejoin_pool"]  # the order
-    assert f["s_to_first_answer_after_rejoin"] >= f["s_to_rejoin_pool"]
+    assert f["answered_by_others_while_out"] > 0 and f["sent_to_it_while_out"] == 0
+    assert f["answered_by_it_after_rejoin"] > 0
+    # The order of events, as the cluster recorded them (no seconds compared).
+    story = result.story("r0")
+    assert story[0].startswith("killed tritonserver"), story
+    assert story.index("out of the pool") < story.index("replacement ready"), story
+    assert story.index("replacement ready") < story.index("in the pool"), story
     frame = result.requests
     assert set(frame[frame["sent_s"] < 0]["replica"]) == {"r0", "r1"}
-    assert (frame[frame["sent_s"] >= f["s_to_rejoin_pool"]]["replica"] == "r0").any()
     assert cluster.replica(0).server.pid != first and cluster.replica(0).generation >= 1
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
 
@@ -192,16 +225,15 @@ def test_a_killed_stub_costs_no_request_and_the_replica_rejoins_after_recover(cl
     print(result.table().to_string())
     assert f["failed"] == 0, f["failures_by_cause"]
     assert f["sent_after_kill"] > 0 and f["failed_after_kill"] == 0
-    assert f["answered_by_others_while_out"] > 0 and f["answered_by_it_while_out"] == 0
-    assert 0 < f["s_to_leave_pool"] < f["s_to_rejoin_pool"]  # the order, not how long
-    assert f["s_to_repaired"] <= f["s_to_rejoin_pool"] + 0.5
-    # The lesson of the figure: answered by both before the kill, by r0 alone while r1 was out.
+    # The lesson of the figure: answered by both before the kill, by r0 alone while r1 was out
+    # (HAProxy sent r1 nothing while it was out, by its own count), by r1 again after.
+    assert f["answered_by_others_while_out"] > 0 and f["sent_to_it_while_out"] == 0
+    assert f["answered_by_it_after_rejoin"] > 0
+    story = result.story("r1")  # the order of events, as the cluster recorded them
+    assert story[0].startswith("killed stub"), story
+    assert story.index("out of the pool") < story.index("recovered") < story.index("in the pool")
     frame = result.requests
     assert set(frame[frame["done_s"] < 0]["replica"]) == {"r0", "r1"}
-    out = frame[
-        (frame["sent_s"] > f["s_to_leave_pool"] + 0.05) & (frame["done_s"] < f["s_to_rejoin_pool"])
-    ]
-    assert set(out["replica"]) <= {"r0"}
 
 
 @pytest.mark.integration

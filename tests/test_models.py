@@ -223,3 +223,82 @@ def test_requests_that_differ_only_in_max_tokens_share_one_generate_group(protoc
     assert set(by_members) == {(0, 1, 3), (2,)}
     assert by_members[(0, 1, 3)].max_tokens == 9 and not by_members[(0, 1, 3)].do_sample
     assert by_members[(2,)] == protocol.Settings(max_tokens=6, temperature=0.7)
+
+
+# -- torch threads: each instance's share of the cores -----------------------------------------
+@pytest.fixture
+def engine_settings():
+    """The template's engine_settings.py (the thread budget), imported as Triton does."""
+    with imported_as_triton_does(TEMPLATE, "engine_settings") as module:
+        yield module
+
+
+@pytest.mark.parametrize(
+    ("cores", "instances", "servers", "inflight", "threads"),
+    [
+        (2, 1, None, False, 2),  # one server, one instance: every core
+        (2, 2, None, False, 1),  # instance_group { count: 2 }: one core each
+        (2, 1, "2", False, 1),  # two replicas on the host: one core each, like two instances
+        (2, 3, None, False, 1),  # more instances than cores: never 0
+        (16, 2, "2", False, 4),
+        (2, 1, None, True, 1),  # in-flight: one core left for the engine and Triton's threads
+        (8, 2, None, True, 3),
+        (2, 1, "not a number", False, 2),
+    ],
+)
+def test_each_instance_gets_its_share_of_the_cores(
+    engine_settings, monkeypatch, cores, instances, servers, inflight, threads
+):
+    monkeypatch.setattr(engine_settings, "usable_cores", lambda: cores)
+    if servers is None:
+        monkeypatch.delenv(engine_settings.SERVERS_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(engine_settings.SERVERS_VARIABLE, servers)
+    assert engine_settings.thread_budget(instances, inflight=inflight) == threads
+
+
+def test_the_instance_count_is_read_from_the_served_config(engine_settings):
+    assert engine_settings.instance_count({}) == 1
+    assert (
+        engine_settings.instance_count({"instance_group": [{"count": 2, "kind": "KIND_CPU"}]}) == 2
+    )
+    two_gpus = {"instance_group": [{"count": 2, "kind": "KIND_GPU", "gpus": [0, 1]}]}
+    assert engine_settings.instance_count(two_gpus) == 4
+    mixed = {"instance_group": [{"count": 1, "kind": "KIND_CPU"}, {"count": 3}]}
+    assert engine_settings.instance_count(mixed) == 4
+
+
+def test_num_threads_is_read_from_the_config_and_zero_means_the_share(protocol):
+    def options(**params):
+        config = {"name": "m", "parameters": {"huggingface_model": {"string_value": "w"}}}
+        for key, value in params.items():
+            config["parameters"][key] = {"string_value": value}
+        return protocol.read_options(config)
+
+    assert options().num_threads == 0
+    assert options(num_threads="3").num_threads == 3
+    with pytest.raises(protocol.ConfigError, match="'num_threads' must be >= 0"):
+        options(num_threads="-1")
+
+
+@pytest.mark.parametrize(
+    ("template", "module", "function"),
+    [("embedding", "model", "thread_budget"), ("neuron", "pytorch_model", "host_share")],
+)
+def test_the_other_torch_templates_share_the_cores_the_same_way(
+    monkeypatch, template, module, function
+):
+    """The embedding and Neuron (TARGET cpu) templates are self-contained files: each carries
+    the same rule as the text model's engine_settings.thread_budget."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    with imported_as_triton_does(ROOT / "labkit" / "templates" / template, module) as code:
+        share = getattr(code, function)
+        two = (
+            {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]} if template == "embedding" else 2
+        )
+        monkeypatch.delenv(code.SERVERS_VARIABLE, raising=False)
+        assert share(two) == 2
+        monkeypatch.setenv(code.SERVERS_VARIABLE, "2")
+        assert share(two) == 1
+        monkeypatch.setenv(code.SERVERS_VARIABLE, "8")
+        assert share(two) == 1

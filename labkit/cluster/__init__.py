@@ -5,21 +5,26 @@
 - :mod:`.pool`: :class:`Cluster`: N :class:`~labkit.server.TritonServer` replicas behind HAProxy,
   a dead one replaced, everything stopped as one;
 - :mod:`.failover`: steady load (:class:`labkit.load.Load`) through the balancer while a replica
-  is killed, measured.
+  is killed, measured;
+- :mod:`.scale`: one server, more instances in it, or the replicas: throughput on the same cores.
 """
 
 from .balancer import REPLICA_HEADER, Checks, HAProxy, locate_haproxy, render_config
 from .failover import FailoverResult, failover, figure
-from .pool import FAULTS, Cluster, Replica, start_cluster
+from .pool import FAULTS, SERVERS_ON_HOST, Cluster, Replica, start_cluster
+from .scale import ScaleOut, compare_scale_out
 
 __all__ = [
     "FAULTS",
     "REPLICA_HEADER",
+    "SERVERS_ON_HOST",
     "Checks",
     "Cluster",
     "FailoverResult",
     "HAProxy",
     "Replica",
+    "ScaleOut",
+    "compare_scale_out",
     "failover",
     "figure",
     "locate_haproxy",

@@ -12,6 +12,7 @@ status, the replica that answered (HAProxy's ``X-Labkit-Replica`` header) and th
 4. the repair: for a dead server the cluster's supervisor starts a replacement on the same ports;
    for a dead stub :func:`labkit.server.recover` restarts the model on the same server;
 5. the moment the replica is back in the pool, and the first request it answers after that;
+   HAProxy's own count of the requests it sent the replica while it was out (target 0);
 6. ``settle_s`` more of traffic.
 
 Every figure is measured from the kill. The load stays on loopback and is bounded in count and
@@ -58,12 +59,16 @@ def requests_frame(outcomes: list[Outcome], origin: float = 0.0) -> pd.DataFrame
 
 
 class PoolWatch:
-    """Polls HAProxy's view of the pool every ``interval_s`` and keeps each change of state."""
+    """Polls HAProxy's view of the pool every ``interval_s`` and keeps each change of state, and
+    HAProxy's count of the requests it sent each replica (``stot``) at each look."""
 
     def __init__(self, cluster: Cluster, interval_s: float = 0.02) -> None:
         self.cluster = cluster
         self.interval_s = interval_s
         self.changes: list[tuple[float, str, str]] = []
+        # per replica, each out-of-the-pool spell: HAProxy's request count at its first and at
+        # its last look out of the pool (both read with the state, from the same snapshot)
+        self.out_spells: dict[str, list[list[int]]] = {}
         self._state: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="labkit-pool-watch", daemon=True)
@@ -77,9 +82,21 @@ class PoolWatch:
             now = time.monotonic()
             for name, row in view.items():
                 status = row["status"].split()[0]  # "DOWN 1/2" while going down -> DOWN
-                if self._state.get(name) != status:
+                sent = int(row.get("stot") or 0)
+                changed = self._state.get(name) != status
+                if changed:
                     self._state[name] = status
                     self.changes.append((now, name, status))
+                if status != "UP":
+                    spells = self.out_spells.setdefault(name, [])
+                    if changed or not spells:
+                        spells.append([sent, sent])
+                    spells[-1][1] = sent
+
+    def sent_while_out(self, replica: str) -> int:
+        """Requests HAProxy sent ``replica`` while it was out of the pool, by HAProxy's own
+        count: between the first and the last look that saw it out, over every spell."""
+        return sum(last - first for first, last in self.out_spells.get(replica, []))
 
     def first(self, replica: str, status_is_up: bool, after: float) -> float | None:
         """The first time after ``after`` that ``replica`` became UP (or anything but UP)."""
@@ -106,6 +123,14 @@ class FailoverResult:
     requests: pd.DataFrame = field(repr=False)
     pool_changes: pd.DataFrame = field(repr=False)
     events: pd.DataFrame = field(repr=False)
+
+    def story(self, replica: str) -> list[str]:
+        """What the cluster recorded of ``replica`` from its kill on, in the order recorded:
+        ``killed ...``, ``out of the pool``, ``replacement ready`` or ``recovered``, ``in the
+        pool``... (see :meth:`Cluster.events <labkit.cluster.Cluster.events>`)."""
+        mine = list(self.events[self.events["who"] == replica]["event"])
+        kills = [i for i, e in enumerate(mine) if e.startswith("killed ")]
+        return mine[kills[-1] :] if kills else []
 
     def table(self) -> pd.DataFrame:
         """The figures as a two-column table, for a notebook."""
@@ -170,10 +195,8 @@ def failover(
         left = _wait(
             lambda: watch.first(name, False, killed), timeout_s, f"{name} leaving the pool"
         )
-        repaired = None
         if fault == "stub":
             cluster.recover(name)
-            repaired = time.monotonic()
         rejoined = _wait(lambda: watch.first(name, True, left), timeout_s, f"{name} rejoining")
         served = _wait(
             lambda: min((o.ended for o in traffic.answered(rejoined, replica=name)), default=None),
@@ -182,16 +205,11 @@ def failover(
         )
         time.sleep(settle_s)
     events = cluster.events()
-    if fault == "server":
-        repaired = cluster.when(name, "replacement ready", after=killed)
+    repaired = cluster.when(
+        name, "replacement ready" if fault == "server" else "recovered", after=killed
+    )
     outcomes = traffic.outcomes
     summary = traffic.summary()
-    # Answered by it after it left and before it was seen back (the watch polls every 20 ms).
-    after_left = [
-        o
-        for o in traffic.answered(replica=name)
-        if o.sent > left + 0.05 and o.ended < rejoined - 0.05
-    ]
     figures = {
         "fault": f"SIGKILL of {name}'s {'tritonserver' if fault == 'server' else 'Python stub'}",
         "replicas": cluster.size,
@@ -210,7 +228,8 @@ def failover(
         "s_to_repaired": round(repaired - killed, 3) if repaired else None,
         "s_to_rejoin_pool": round(rejoined - killed, 3),
         "s_to_first_answer_after_rejoin": round(served - killed, 3),
-        "answered_by_it_while_out": len(after_left),
+        "sent_to_it_while_out": watch.sent_while_out(name),  # HAProxy's own count
+        "answered_by_it_after_rejoin": len(traffic.answered(rejoined, replica=name)),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "cpu_count": os.cpu_count(),

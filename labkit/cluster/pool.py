@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 
 _LIVE: weakref.WeakSet[Cluster] = weakref.WeakSet()
 FAULTS = ("server", "stub")
+#: How many Triton servers share this host's cores, in each replica's environment. The model
+#: code divides the host's cores by it (and by its instances) for its torch threads, so two
+#: replicas on one host get the threads two instances in one server get; a model's explicit
+#: ``num_threads`` parameter wins. Read by ``engine_settings.servers_on_host`` in the text model
+#: and by the embedding and Neuron templates.
+SERVERS_ON_HOST = "LABKIT_SERVERS_ON_HOST"
 
 
 @dataclass
@@ -93,6 +99,11 @@ class Cluster(Addresses):
     checks replicas and retries requests; ``replace_dead``: start a new server when one dies;
     ``server_options`` go to every :class:`~labkit.server.TritonServer` (``extra_args``,
     ``env``, ``tritonserver``...). Logs go to ``run_dir`` (a temporary folder when None).
+
+    The replicas share this host's cores: each one's environment has ``LABKIT_SERVERS_ON_HOST``
+    set to ``replicas`` (:data:`SERVERS_ON_HOST`; an ``env`` in ``server_options`` may set it
+    otherwise), so each model instance takes its share of the cores for its torch threads, as
+    it would among that many instances of one server. A model's ``num_threads`` wins.
     """
 
     def __init__(
@@ -137,7 +148,10 @@ class Cluster(Addresses):
         self.replicas: list[Replica] = []
         self._events: list[tuple[float, str, str]] = []
         self._stopping = threading.Event()
+        self._batched: dict[str, bool] = {}  # model -> its requests carry a batch dimension
+        self._in_pool: dict[str, bool] = {}  # HAProxy's view at the supervisor's last look
         self._supervisor: threading.Thread | None = None
+        self._pool_watcher: threading.Thread | None = None
         self._socket_dir: str | None = None
         self.started_at: float | None = None
 
@@ -183,6 +197,7 @@ class Cluster(Addresses):
                 self._event(replica.name, f"ready on http {replica.server.http_url}")
             self._start_balancer()
             self.wait_ready()
+            self._in_pool = {replica.name: True for replica in self.replicas}
         except BaseException:
             self.stop()
             raise
@@ -190,6 +205,11 @@ class Cluster(Addresses):
             target=self._supervise, name="labkit-cluster-supervisor", daemon=True
         )
         self._supervisor.start()
+        # Its own thread: the supervisor is busy for seconds while it starts a replacement.
+        self._pool_watcher = threading.Thread(
+            target=self._watch_pool, name="labkit-cluster-pool-watcher", daemon=True
+        )
+        self._pool_watcher.start()
         return self
 
     def _new_server(
@@ -197,6 +217,8 @@ class Cluster(Addresses):
     ) -> TritonServer:
         suffix = f"-{generation}" if generation else ""
         ports = ports or {"http": 0, "grpc": 0, "metrics": 0}
+        options = dict(self.server_options)
+        options["env"] = {SERVERS_ON_HOST: str(self.size), **(options.get("env") or {})}
         return TritonServer(
             self.model_repository,
             mode="local",
@@ -207,7 +229,7 @@ class Cluster(Addresses):
             load_models=self.load_models,
             startup_timeout_s=self.startup_timeout_s,
             log_path=self.run_dir / f"tritonserver-r{index}{suffix}.log",
-            **self.server_options,
+            **options,
         )
 
     def _start_balancer(self) -> None:
@@ -255,7 +277,10 @@ class Cluster(Addresses):
         return [name for name, row in view if row["status"].split()[0] == "UP"]
 
     def pool(self) -> pd.DataFrame:
-        """One row per replica: its address, process, readiness, and HAProxy's view of it."""
+        """One row per replica: its address, process, readiness, and HAProxy's view of it:
+        ``in_flight`` requests now and ``requests``, the HTTP requests HAProxy has sent it since
+        the cluster started (every client's, metadata and statistics requests included; its
+        health checks are not requests). :meth:`spread` counts the requests of one burst."""
         view = self.balancer.servers() if self.running else {}
         rows = []
         for replica in self.replicas:
@@ -278,7 +303,11 @@ class Cluster(Addresses):
         return pd.DataFrame(rows)
 
     def events(self) -> pd.DataFrame:
-        """What happened to the cluster, seconds since its start: kills, exits, replacements."""
+        """What happened to the cluster, seconds since its start, in the order it was recorded:
+        kills, exits, replacements, recoveries, and each replica leaving (``out of the pool``)
+        and rejoining (``in the pool``) HAProxy's pool as the supervisor saw it. A replica's
+        repair (``replacement ready``, ``recovered``) is recorded before it may pass its
+        readiness check again, so it always comes before its ``in the pool``."""
         start = self.started_at or 0.0
         rows = [
             {"t_s": round(t - start, 3), "who": who, "event": what} for t, who, what in self._events
@@ -286,8 +315,38 @@ class Cluster(Addresses):
         return pd.DataFrame(rows, columns=["t_s", "who", "event"])
 
     def infer(self, model: str, prompt: str, **parameters: object) -> str:
-        """One prompt through the balancer, as any client of the cluster sends it; the answer."""
-        return client.infer(self.http_url, model, prompt, **parameters)[0]
+        """One prompt through the balancer, as any client of the cluster sends it; the answer.
+
+        The balancer carries only the inference request: whether the model batches is asked of
+        a replica directly, once per model."""
+        return client.infer(
+            self.http_url, model, prompt, batched=self._batches(model), **parameters
+        )[0]
+
+    def _batches(self, model: str) -> bool:
+        if model not in self._batched:
+            self._batched[model] = client.model_batches(self.replicas[0].server.http_url, model)
+        return self._batched[model]
+
+    def spread(self, model: str, prompt: str, requests: int = 6, **parameters: object):
+        """Send ``requests`` prompts through the balancer one after the other; one row per
+        replica: the requests HAProxy sent it during this burst (its counters before and after,
+        so another client's requests meanwhile would count too)."""
+        if requests < 1:
+            raise ConfigError(f"requests={requests} must be >= 1")
+        self._batches(model)  # asked of a replica before the count starts
+        before = {name: int(row.get("stot") or 0) for name, row in self.balancer.servers().items()}
+        for _ in range(requests):
+            self.infer(model, prompt, **parameters)
+        rows = [
+            {
+                "replica": name,
+                "lb_status": row.get("status", ""),
+                "requests": int(row.get("stot") or 0) - before.get(name, 0),
+            }
+            for name, row in self.balancer.servers().items()
+        ]
+        return pd.DataFrame(rows, columns=["replica", "lb_status", "requests"])
 
     def when(self, who: str, what: str, after: float = 0.0) -> float | None:
         """The first ``time.monotonic()`` after ``after`` that ``who`` had event ``what``."""
@@ -345,9 +404,10 @@ class Cluster(Addresses):
         replica.recovering = True
         try:
             names = recover(replica.server)
+            self._event(replica.name, "recovered")  # before its readiness may pass again
+            log.info("cluster %s: recover() restarted %s", replica.name, names)
         finally:
             replica.recovering = False
-        self._event(replica.name, f"recover() restarted {names}")
         return names
 
     def _supervise(self) -> None:
@@ -363,6 +423,19 @@ class Cluster(Addresses):
                 replica.replacing = True
                 self._replace(replica)  # in this thread, which outlives the new server
 
+    def _watch_pool(self, interval_s: float = 0.05) -> None:
+        """Record each replica leaving and rejoining HAProxy's pool (its view, every 50 ms)."""
+        while not self._stopping.wait(interval_s):
+            try:
+                view = self.balancer.servers()
+            except (OSError, AttributeError):  # HAProxy stopping: the cluster is stopping too
+                continue
+            for name, row in view.items():
+                up = row["status"].split()[0] == "UP"  # "UP 1/2": going down, still in
+                if self._in_pool.get(name, True) != up:
+                    self._in_pool[name] = up
+                    self._event(name, "in the pool" if up else "out of the pool")
+
     def _replace(self, replica: Replica) -> None:
         """Stop what is left of a dead replica (stubs, shared memory) and start a new server on
         the same ports, so the balancer's configuration stays as it is."""
@@ -377,6 +450,8 @@ class Cluster(Addresses):
             self._event(replica.name, "replacement starting")
             try:
                 server.start()
+                if not self._stopping.is_set():
+                    self._event(replica.name, "replacement ready")  # before it may rejoin
             except LabkitError as exc:
                 self._event(replica.name, f"replacement failed: {exc}")
                 return
@@ -384,8 +459,6 @@ class Cluster(Addresses):
                 replica.replacing = False
             if self._stopping.is_set():
                 server.stop()
-                return
-            self._event(replica.name, "replacement ready")
 
     def stop(self, *, parallel: bool = True) -> None:
         """Stop HAProxy, the readiness endpoints and every replica (process groups, stubs,
@@ -396,6 +469,9 @@ class Cluster(Addresses):
             # the server it started is stopped below, with the others.
             self._supervisor.join(timeout=1)
             self._supervisor = None
+        if self._pool_watcher is not None:
+            self._pool_watcher.join(timeout=1)
+            self._pool_watcher = None
         if self.balancer is not None:
             self.balancer.stop()
         for replica in self.replicas:

@@ -9,6 +9,10 @@ called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
 from labkit.lessons.analyzer import confirm_winner
 from labkit.lessons.batching import batching_conclusion
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, noise_band
+from labkit.lessons.inflight import inflight_conclusion
+from labkit.lessons.neuron import neuron_conclusion
+from labkit.lessons.scale_out import scale_out_conclusion
+from labkit.lessons.search import search_conclusion
 
 __all__ = [
     "GAIN",
@@ -17,5 +21,9 @@ __all__ = [
     "batching_conclusion",
     "confirm_winner",
     "figure_text",
+    "inflight_conclusion",
+    "neuron_conclusion",
     "noise_band",
+    "scale_out_conclusion",
+    "search_conclusion",
 ]

@@ -56,3 +56,21 @@ def serving_threads() -> int:
     1), as the served in-flight model takes them. Every scheduler of the benchmark gets the same
     number, so that they compare fairly."""
     return _settings.serving_threads()
+
+
+def thread_budget(instances: int = 1) -> int:
+    """torch threads per instance that a served text model takes by default on this host when
+    ``instances`` instances share its cores (the model folder's ``thread_budget``: the cores
+    divided by the instances, at least 1)."""
+    return _settings.thread_budget(instances)
+
+
+def instance_count(config: dict) -> int:
+    """How many instances Triton runs for a served config (Triton's JSON form), as the model
+    counts them for its thread budget."""
+    return _settings.instance_count(config)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on, as the served model counts them."""
+    return _settings.usable_cores()

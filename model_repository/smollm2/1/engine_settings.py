@@ -73,6 +73,54 @@ def engine_settings(limits: Limits) -> dict:
     }
 
 
+#: How many Triton servers share this host's cores. labkit's ``Cluster`` sets it to its replica
+#: count in every replica's environment, so that two replicas on one host take the cores two
+#: instances in one server would take; unset: one server.
+SERVERS_VARIABLE = "LABKIT_SERVERS_ON_HOST"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 2
+
+
+def servers_on_host() -> int:
+    """``LABKIT_SERVERS_ON_HOST`` (at least 1; unset or not a number: 1)."""
+    try:
+        return max(1, int(os.environ.get(SERVERS_VARIABLE, "1")))
+    except ValueError:
+        return 1
+
+
+def instance_count(config: Mapping) -> int:
+    """How many instances of a model Triton runs for its config (Triton's JSON form): the sum of
+    ``instance_group[].count``, once per listed GPU for a ``KIND_GPU`` group; at least 1."""
+    total = 0
+    for group in config.get("instance_group", []):
+        count = int(group.get("count", 1))
+        gpus = group.get("gpus", [])
+        total += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
+    return max(1, total)
+
+
+def thread_budget(instances: int = 1, *, inflight: bool = False) -> int:
+    """torch threads for one instance of a served model: the cores it shares, divided among
+    everything that shares them, at least 1.
+
+    The cores are this process's (:func:`usable_cores`), one less for the in-flight engine
+    (:func:`serving_threads`); they are shared by ``instances`` instances of the model in each of
+    :func:`servers_on_host` servers. torch's own default is every core for every instance: two
+    instances (or two replicas) on 2 cores then run 4 spinning workers on 2 cores, and measured
+    with SmolLM2 on 2 cores two replicas of 2 threads each spent 450 ms computing a request that
+    took 28 ms with one server (notebook 07). A model's ``num_threads`` parameter overrides it.
+    """
+    cores = serving_threads() if inflight else usable_cores()
+    return max(1, cores // (max(1, instances) * servers_on_host()))
+
+
 def serving_threads() -> int:
     """torch threads for a served model on a CPU: one less than the cores this process may use.
 
@@ -81,8 +129,4 @@ def serving_threads() -> int:
     AIPerf on the same host (SmolLM2, 8 streams, answers of 4..64 tokens): torch's default of 2
     threads gave 8 output tokens/s (its spinning workers starve the others), 1 thread 51-55.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 2
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)

@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 from transformers.generation.streamers import BaseStreamer
 
 from .decoupled import FINAL, PieceStreamer, end_streams, read_decoupled
-from .engine_settings import serving_threads
+from .engine_settings import instance_count, thread_budget
 from .loading import load
 from .protocol import (
     Member,
@@ -44,11 +44,11 @@ class TritonPythonModel:
         loaded = load(options, args)
         self.tokenizer, self.model, self.device = loaded.tokenizer, loaded.model, loaded.device
         self.eos_ids = loaded.eos_ids
-        threads = options.num_threads
-        if not threads and options.inflight and self.device.type == "cpu":
-            threads = serving_threads()  # the engine's and Triton's threads need a core too
-        if threads:
-            torch.set_num_threads(threads)
+        # num_threads, else this instance's share of the cores (see thread_budget)
+        threads = options.num_threads or thread_budget(
+            instance_count(config), inflight=options.inflight is not None
+        )
+        torch.set_num_threads(threads)
         self.reader = RequestReader(
             self.tokenizer, options.defaults, options.full_text, loaded.context
         )
@@ -56,8 +56,8 @@ class TritonPythonModel:
         mode = "in-flight batching" if self.engine else "streaming" if self.decoupled else ""
         pb_utils.Logger.log_info(
             f"{self.name}: loaded {loaded.source} on {self.device} as {loaded.dtype}, context "
-            f"{loaded.context}, defaults {options.defaults}, {mode or 'not streaming'}"
-            + (f", {options.inflight}" if self.engine else "")
+            f"{loaded.context}, {threads} torch thread(s), defaults {options.defaults}, "
+            f"{mode or 'not streaming'}" + (f", {options.inflight}" if self.engine else "")
         )
 
     def execute(self, requests: list) -> list | None:
