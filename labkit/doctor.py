@@ -32,6 +32,7 @@ from labkit import hardware, proc
 from labkit.errors import LabkitError, MissingDependencyError
 from labkit.headless import check_kernel as kernel_python
 from labkit.profiling import locate_perf_analyzer
+from labkit.repository import environment_folder
 from labkit.server import ServerBinary, TritonServer, locate_tritonserver, require_image
 from labkit.settings import hub_endpoint, hub_offline, token_variable, triton_image
 
@@ -564,6 +565,63 @@ def check_numpy(version: str | None = None) -> Check:
     return passed("numpy", f"numpy {version} (below 2, as the Python backend needs)")
 
 
+# The facts about .venv-vllm that smollm2_vllm needs, read in that environment's own Python.
+_VLLM_PROBE = """
+import importlib.util, json, sys
+found = {"python": "%d.%d" % sys.version_info[:2], "torchvision": bool(importlib.util.find_spec("torchvision"))}
+try:
+    import numpy
+    found["numpy"] = numpy.__version__
+    import vllm
+    found["vllm"] = getattr(vllm, "__version__", "unknown")
+except Exception as exc:
+    found["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(found))
+"""
+
+
+def check_vllm_env() -> Check:
+    """``.venv-vllm``, the environment of the ``smollm2_vllm`` model (see :func:`vllm_env_verdict`)."""
+    folder = environment_folder("vllm")
+    python = folder / "bin" / "python"
+    if not python.is_file():
+        return Check(
+            "vllm env",
+            "warn",
+            f"{folder} does not exist: the smollm2_vllm model cannot load (the others can)",
+            "run make install",
+        )
+    ran = proc.run([str(python), "-c", _VLLM_PROBE], timeout_s=300, check=False)
+    lines = ran.stdout.strip().splitlines()
+    probe = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if not probe:
+        probe = {"error": proc.tail(ran.stderr or "no output", 3)}
+    return vllm_env_verdict(probe, folder, f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def vllm_env_verdict(probe: dict, folder: Path, server_python: str) -> Check:
+    """What :data:`_VLLM_PROBE` found in ``folder``, judged against the server's Python version:
+    the Triton stub runs the model in that environment with the server's Python, and its pybind11
+    breaks BYTES tensors with numpy 2; torchvision against the CPU torch breaks transformers."""
+    fix = f"rm -rf {folder} && make install"
+    problems = []
+    if probe.get("python") and probe["python"] != server_python:
+        problems.append(f"its Python is {probe['python']}, the server's stub runs {server_python}")
+    if "error" in probe:
+        problems.append(f"vllm does not import there: {probe['error']}")
+    numpy = probe.get("numpy")
+    if numpy and int(numpy.split(".")[0]) >= 2:
+        problems.append(f"numpy {numpy} (the Python backend needs numpy < 2)")
+    if probe.get("torchvision"):
+        problems.append("torchvision is installed (it breaks `import transformers` there)")
+    if problems:
+        return Check("vllm env", "fail", f"{folder}: " + "; ".join(problems), fix)
+    return passed(
+        "vllm env",
+        f"{folder}: vLLM {probe.get('vllm')}, Python {probe.get('python')}, numpy {numpy}",
+    )
+
+
 # -- tools --------------------------------------------------------------------------------------
 def check_perf_analyzer() -> Check:
     locate_perf_analyzer.cache_clear()  # report the machine as it is now
@@ -628,6 +686,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_tritonserver,
     check_python_backend,
     check_numpy,
+    check_vllm_env,
     check_server,
     check_perf_analyzer,
     check_model_analyzer,

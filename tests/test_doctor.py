@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import socket
 import stat
 import sysconfig
@@ -356,3 +357,36 @@ def _which_without(name: str):
         )
 
     return which
+
+
+# -- .venv-vllm, the environment of smollm2_vllm (no server) --------------------------------
+GOOD = {"python": "3.11", "numpy": "1.26.4", "vllm": "0.32.0", "torchvision": False}
+
+
+def test_the_doctor_passes_a_good_vllm_environment_and_names_its_versions():
+    check = doctor.vllm_env_verdict(GOOD, Path("/x/.venv-vllm"), "3.11")
+    assert check.status == "ok"
+    assert check.detail == "/x/.venv-vllm: vLLM 0.32.0, Python 3.11, numpy 1.26.4"
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"python": "3.12"}, "its Python is 3.12, the server's stub runs 3.11"),
+        ({"numpy": "2.2.1"}, r"numpy 2.2.1 \(the Python backend needs numpy < 2\)"),
+        ({"torchvision": True}, "torchvision is installed"),
+        ({"error": "ImportError: no vllm"}, "vllm does not import there: ImportError: no vllm"),
+    ],
+)
+def test_the_doctor_fails_a_broken_vllm_environment_saying_why(change, words):
+    check = doctor.vllm_env_verdict({**GOOD, **change}, Path("/x/.venv-vllm"), "3.11")
+    assert check.status == "fail"
+    assert check.fix == "rm -rf /x/.venv-vllm && make install"
+    assert re.search(words, check.detail), check.detail
+
+
+def test_the_doctor_warns_without_the_vllm_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(doctor, "environment_folder", lambda name: tmp_path / ".venv-vllm")
+    check = doctor.check_vllm_env()
+    assert (check.status, check.fix) == ("warn", "run make install")
+    assert "smollm2_vllm model cannot load" in check.detail

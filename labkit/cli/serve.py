@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from labkit.repository import prepare_repository
+from labkit.repository import models_to_serve, prepare_repository
 from labkit.server import TritonServer
 
 
@@ -32,7 +32,7 @@ def serve(args) -> int:
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
-        load_models=args.load_model or "*",
+        load_models=args.load_model or models_to_serve(args.model_repository),
         tritonserver=args.tritonserver,
         log_path=args.log_file,
     )

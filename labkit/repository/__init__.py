@@ -23,9 +23,12 @@ from .config import (
     write_config,
 )
 from .folder import (
+    ENVIRONMENTS,
     STREAM_SUFFIX,
     Repository,
     add_model,
+    environment_folder,
+    models_to_serve,
     prepare_run_repository,
     write_streaming_twin,
 )
@@ -41,6 +44,9 @@ from .models import (
 )
 
 __all__ = [
+    "ENVIRONMENTS",
+    "environment_folder",
+    "models_to_serve",
     "CATALOG",
     "STREAM_SUFFIX",
     "CONFIG_FILE",

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import ConfigError, MissingFileError
+from ..errors import ConfigError, MissingDependencyError, MissingFileError
 from ..settings import project_root
 from .config import (
     CONFIG_FILE,
@@ -353,7 +353,79 @@ def prepare_run_repository(
                 )
             add_model(repo.path, name, **overrides)
     prepare_repository(repo.path)
+    set_execution_environments(repo, models or [])
     return repo
+
+
+#: The Python environments a model may run in, by the name its config gives in the parameter
+#: ``labkit_environment``: each is a folder of the checkout that ``make install`` creates
+#: (``vllm``: ``.venv-vllm``, vLLM with the server's Python and numpy < 2).
+ENVIRONMENTS = {"vllm": ".venv-vllm"}
+ENVIRONMENT_PARAMETER = "labkit_environment"
+#: The Python backend's config parameter: the stub of the model runs in this environment.
+EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
+
+
+def environment_folder(name: str) -> Path:
+    """The folder of environment ``name`` (see :data:`ENVIRONMENTS`) in this checkout."""
+    if name not in ENVIRONMENTS:
+        raise ConfigError(
+            f"unknown {ENVIRONMENT_PARAMETER} {name!r}; use one of {', '.join(ENVIRONMENTS)}"
+        )
+    return project_root() / ENVIRONMENTS[name]
+
+
+def set_execution_environments(repository: Repository, models: list[str]) -> dict[str, Path]:
+    """Point each model whose config names a ``labkit_environment`` at that environment.
+
+    Writes the environment's absolute path into the model's config (in a run's copy: never the
+    lab's own folder) as ``EXECUTION_ENV_PATH``; Triton's Python backend then runs the model's
+    stub in it. A missing environment raises :class:`MissingDependencyError` for a model named in
+    ``models`` (about to be served); any other such model is left as it is, with a warning (if it
+    is loaded anyway, its own load error names ``make install``). Returns model -> environment.
+    """
+    pointed = {}
+    for name in repository.models():
+        cfg = repository.config(name)
+        if ENVIRONMENT_PARAMETER not in cfg.parameters:
+            continue
+        wanted = cfg.parameters[ENVIRONMENT_PARAMETER].string_value
+        folder = environment_folder(wanted)
+        if not (folder / "bin" / "python").is_file():
+            message = (
+                f"model {name!r} runs in the Python environment {str(folder)!r} "
+                f"({ENVIRONMENT_PARAMETER} {wanted!r}), which does not exist; run `make install`"
+            )
+            if name in models:
+                raise MissingDependencyError(message)
+            log.warning("%s (needed only to serve %s)", message, name)
+            continue
+        if cfg.parameters[EXECUTION_ENV_PATH].string_value != str(folder):
+            cfg.parameters[EXECUTION_ENV_PATH].string_value = str(folder)
+            repository.write_config(name, cfg)
+        pointed[name] = folder
+    return pointed
+
+
+def models_to_serve(repository: str | os.PathLike) -> list[str]:
+    """Every model of ``repository`` that can load on this checkout: a model whose
+    ``labkit_environment`` does not exist yet is left out, with a warning that names
+    ``make install`` (``labkit serve`` loads these by default)."""
+    repo = Repository(repository)
+    chosen = []
+    for name in repo.models():
+        params = repo.config(name).parameters
+        if ENVIRONMENT_PARAMETER in params:
+            folder = environment_folder(params[ENVIRONMENT_PARAMETER].string_value)
+            if not (folder / "bin" / "python").is_file():
+                log.warning(
+                    "not loading %s: its Python environment %s does not exist; run `make install`",
+                    name,
+                    folder,
+                )
+                continue
+        chosen.append(name)
+    return chosen
 
 
 #: A streaming twin's name: ``<model>_stream`` (the lab's ``smollm2_stream`` is ``smollm2``'s).

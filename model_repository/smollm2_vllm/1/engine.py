@@ -1,0 +1,468 @@
+"""vLLM's V1 ``AsyncLLM`` behind the lab's request contract: an asyncio loop in a thread of its own.
+
+``execute`` hands each valid request to :meth:`VllmEngine.submit` and returns; a coroutine per
+request feeds each of its prompts to the engine (as token ids, so the prompt is the tokens
+``smollm2`` sees) and answers through the request's response sender: one response per token when
+the request says ``"stream": true``, else one final response with the whole answer, which
+``/generate`` needs. A watchdog task checks the clients every :data:`CHECK_S`: a cancelled
+request's task is cancelled, which aborts its sequences in the engine. A request that finds
+``max_num_seqs + max_queue_size`` prompts held already is refused at once, ``busy: ...``. A
+request's sender is never used after its final response: Triton 2.51's server crashed (SIGSEGV in
+``TRITONBACKEND_ResponseFactoryIsCancelled``) when ``is_cancelled()`` was asked of a request that
+had just been answered.
+
+When the engine dies (its core or worker process ended), every request fails with the reason, the
+engine's processes are shut down, and the stub ends: a Triton 2.51 Python model has no readiness
+of its own to report; a dead stub is what Triton and ``labkit.server.unhealthy`` see, and what
+``labkit.server.recover`` reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import locale
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import triton_python_backend_utils as pb_utils
+
+from .decoupled import FINAL, stable_piece
+from .protocol import (
+    Prompts,
+    Settings,
+    answer,
+    busy_response,
+    cancelled_response,
+    error_response,
+    text_response,
+)
+from .vllm_settings import EngineOptions, engine_arguments, queue_limit
+
+# The stub's embedded Python starts in the C locale: torch's inductor (imported by vLLM) then
+# fails to read its own templates. Before vLLM is imported, take the environment's locale.
+with contextlib.suppress(locale.Error):
+    locale.setlocale(locale.LC_ALL, "")
+
+try:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.metrics.loggers import StatLoggerBase
+except ImportError as exc:
+    raise ImportError(
+        f"this model needs vLLM, which the server's Python environment lacks ({exc}); it runs "
+        "in .venv-vllm, which `make install` creates and labkit names in the model's "
+        "config.pbtxt (parameter EXECUTION_ENV_PATH). Run `make install`, then load the model "
+        "again"
+    ) from None
+
+CHECK_S = 0.05  # how often the clients are asked whether they went away, and the engine if it lives
+START_TIMEOUT_S = 900.0  # the engine's start: its processes, the weights, a first answer
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in the engine: its prompts, sender, and the text each prompt has sent."""
+
+    sender: object
+    prompts: Prompts
+    ids: list[str]  # the engine's request id of each prompt
+    new: list[list[int]] = field(default_factory=list)  # each prompt's tokens so far
+    emitted: list[str] = field(default_factory=list)  # each prompt's text sent so far
+    sent: bool = False  # a response went out already
+    # Its final response went out: its sender is never touched again (Triton 2.51 crashes in
+    # is_cancelled() of a request whose final response was sent).
+    finished: bool = False
+    cancelling: bool = False  # its task was cancelled (once: a second would cut its cleanup short)
+    task: asyncio.Task | None = None
+
+
+class VllmEngine:
+    """The engine, its loop thread, and the requests it holds."""
+
+    def __init__(
+        self,
+        name: str,
+        options: EngineOptions,
+        weights: str,
+        decode: Callable[[list[int], list[int]], str],
+        eos_ids: set[int],
+        metrics: EngineMetrics,
+    ) -> None:
+        self.name = name
+        self.options = options
+        self.weights = weights
+        self.decode = decode  # (prompt ids, new ids) -> the answer's text, as smollm2 makes it
+        self.eos_ids = eos_ids
+        self.metrics = metrics
+        self.limit = queue_limit(options)
+        self.failure: str | None = None
+        self.stats = dict.fromkeys(("answered", "tokens", "cancelled", "busy", "failed"), 0)
+        self._jobs: set[Job] = set()
+        self._held = 0  # prompts in the engine or waiting for it
+        self._lock = threading.Lock()
+        self._numbers = itertools.count()
+        self._stopping = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="vllm-loop", daemon=True
+        )
+        self.llm: AsyncLLM | None = None
+
+    # -- start and stop ---------------------------------------------------------------------------
+    def start(self, warmup_ids: list[int]) -> float:
+        """Start the engine and answer one prompt; return the seconds it took."""
+        started = time.monotonic()
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(warmup_ids), self._loop)
+        try:
+            future.result(timeout=START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - started
+
+    async def _start(self, warmup_ids: list[int]) -> None:
+        args = AsyncEngineArgs(**engine_arguments(self.options, self.weights))
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self.metrics.logger_factory()])
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        async for _ in self.llm.generate({"prompt_token_ids": warmup_ids}, params, "warmup"):
+            pass
+        self._loop.create_task(self._watch())
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Refuse new requests, end the held ones, shut the engine and its processes down."""
+        with self._lock:
+            self._stopping = True
+        if self._thread.is_alive():
+            message = f"model {self.name!r} is being unloaded; retry once it is loaded again"
+            future = asyncio.run_coroutine_threadsafe(
+                _called(self._end_all, lambda: busy_response(message)), self._loop
+            )
+            with contextlib.suppress(Exception):
+                future.result(timeout=timeout_s)
+        if self.llm is not None:
+            self.llm.shutdown(timeout=timeout_s)
+            self.llm = None
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout_s)
+        self._log_stats("stopped")
+
+    # -- requests ---------------------------------------------------------------------------------
+    def submit(self, sender, prompts: Prompts) -> None:
+        """Take one valid request: start it, or refuse it at once (stopped, busy, too big)."""
+        count = len(prompts.ids)
+        if count > self.limit:
+            sender.send(
+                error_response(
+                    f"the request holds {count} prompts; this model holds at most max_num_seqs + "
+                    f"max_queue_size = {self.limit} at once; send fewer per request"
+                ),
+                flags=FINAL,
+            )
+            return
+        with self._lock:
+            refusal = self._refusal(count)
+            if refusal is None:
+                self._held += count
+                number = next(self._numbers)
+                job = Job(sender, prompts, [f"{self.name}-{number}-{i}" for i in range(count)])
+                job.new = [[] for _ in range(count)]
+                job.emitted = [""] * count
+                self._jobs.add(job)
+            else:
+                self.stats["busy"] += 1
+        if refusal is not None:
+            sender.send(busy_response(refusal), flags=FINAL)
+            return
+        self._loop.call_soon_threadsafe(self._begin, job)
+
+    def _refusal(self, count: int) -> str | None:
+        """Why a request of ``count`` prompts cannot be held now (lock held), or None."""
+        if self.failure is not None:
+            return (
+                f"the vLLM engine of {self.name!r} stopped ({self.failure}); the model must be "
+                "reloaded (labkit.server.recover); retry after that"
+            )
+        if self._stopping:
+            return f"model {self.name!r} is being unloaded; retry once it is loaded again"
+        if self._held + count > self.limit:
+            running = min(self._held, self.options.max_num_seqs)
+            return (
+                f"busy: {running} prompts are generating and {self._held - running} are waiting "
+                f"(max_num_seqs={self.options.max_num_seqs}, max_queue_size="
+                f"{self.options.max_queue_size}); retry later"
+            )
+        return None
+
+    def _begin(self, job: Job) -> None:
+        job.task = self._loop.create_task(self._serve(job))
+        job.task.add_done_callback(lambda _: self._settled(job))
+
+    def _settled(self, job: Job) -> None:
+        """Every request's task ends here, even one cancelled before it ran: it is released, and
+        answered if it was not (its client went away before it started)."""
+        if not job.finished:
+            self.stats["cancelled"] += 1
+            self._finish(job, cancelled_response())
+        self._release(job)
+
+    def _cancel_job(self, job: Job) -> None:
+        if job.task is not None and not job.cancelling and job.task is not asyncio.current_task():
+            job.cancelling = True
+            job.task.cancel()
+
+    async def _serve(self, job: Job) -> None:
+        updates: asyncio.Queue = asyncio.Queue()
+        params = sampling_params(job.prompts.settings)
+        rows = [
+            asyncio.create_task(self._row(job, i, ids, params, updates))
+            for i, ids in enumerate(job.prompts.ids)
+        ]
+        try:
+            running = len(rows)
+            while running:
+                index, tokens, finished, error = await updates.get()
+                if error is not None:
+                    raise error
+                running -= finished
+                self._advance(job, index, tokens)
+            self._answer(job)
+            self.stats["answered"] += 1
+        except asyncio.CancelledError:  # the watchdog saw the client go away, or a stop
+            await self._cancelled(job, rows)
+        except EngineDeadError as exc:
+            self._crashed(exc)
+        except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
+            if not job.finished and job.sender.is_cancelled():  # a send to a gone client
+                await self._cancelled(job, rows)
+                return
+            self.stats["failed"] += 1
+            pb_utils.Logger.log_error(f"{self.name}: generation failed: {exc!r}")
+            self._finish(
+                job, error_response(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
+            )
+        finally:
+            await _cancel(rows)
+
+    async def _cancelled(self, job: Job, rows: list[asyncio.Task]) -> None:
+        """A request whose client went away: its sequences are aborted in the engine."""
+        await _cancel(rows)  # a cancelled generate() aborts its request in the engine
+        if job.finished:  # ended by a stop or a dead engine, not by its client
+            return
+        self.stats["cancelled"] += 1
+        self.metrics.aborted.increment(1)
+        pb_utils.Logger.log_info(
+            f"{self.name}: request {job.ids[0].rsplit('-', 1)[0]} cancelled by its client; "
+            f"aborted its {len(job.ids)} sequence(s) in the engine"
+        )
+        self._finish(job, cancelled_response())
+
+    async def _row(self, job: Job, index: int, ids: list[int], params, updates) -> None:
+        try:
+            async for out in self.llm.generate({"prompt_token_ids": ids}, params, job.ids[index]):
+                updates.put_nowait((index, list(out.outputs[0].token_ids), out.finished, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (handed to the request's task)
+            updates.put_nowait((index, None, True, exc))
+
+    def _advance(self, job: Job, index: int, tokens: list[int]) -> None:
+        """Record a prompt's tokens so far; a streaming request gets the text the new one adds."""
+        tokens = until_eos(tokens, self.eos_ids)
+        grew = len(tokens) > len(job.new[index])
+        self.stats["tokens"] += len(tokens) - len(job.new[index])
+        job.new[index] = tokens
+        if not (grew and job.prompts.stream):
+            return
+        piece = stable_piece(self.decode(job.prompts.ids[index], tokens), job.emitted[index])
+        job.emitted[index] += piece
+        pieces = [""] * len(job.ids)
+        pieces[index] = piece
+        self._send(job, pieces)
+
+    def _answer(self, job: Job) -> None:
+        whole = [self.decode(ids, new) for ids, new in zip(job.prompts.ids, job.new, strict=True)]
+        if not job.prompts.stream:
+            self._finish(job, answer(job.prompts, whole))
+            return
+        rest = []
+        for text, emitted in zip(whole, job.emitted, strict=True):
+            rest.append(text[len(emitted) :] if text.startswith(emitted) else "")
+        self._send(job, rest, flags=FINAL)
+
+    def _send(self, job: Job, pieces: list[str], flags: int = 0) -> None:
+        """One streamed response; the first starts with the prompts if the request asked."""
+        if job.prompts.full_text and not job.sent:
+            pieces = [p + piece for p, piece in zip(job.prompts.texts, pieces, strict=True)]
+        job.finished = bool(flags & FINAL)
+        job.sender.send(text_response(pieces, job.prompts.shape), flags=flags)
+        job.sent = True
+
+    @staticmethod
+    def _finish(job: Job, response) -> None:
+        """Send ``job`` its final response, once."""
+        if not job.finished:
+            job.finished = True
+            _send_final(job.sender, response)
+
+    def _held_jobs(self) -> list[Job]:
+        with self._lock:  # execute's thread adds jobs while the loop's thread looks
+            return list(self._jobs)
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            if job in self._jobs:
+                self._jobs.discard(job)
+                self._held -= len(job.ids)
+
+    # -- the watchdog -----------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        """Cancel the task of each request whose client went away; notice a dead engine."""
+        while True:
+            await asyncio.sleep(CHECK_S)
+            for job in self._held_jobs():
+                if job.finished or job.cancelling or job.task is None or job.task.done():
+                    continue
+                if job.sender.is_cancelled():
+                    self._cancel_job(job)
+            if self.llm is not None and self.llm.errored and self.failure is None:
+                self._crashed(self.llm.dead_error)
+                return
+
+    def _crashed(self, exc: BaseException) -> None:
+        if self.failure is not None:
+            return
+        self.failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self.failure += " (its engine core or worker process ended)"
+        pb_utils.Logger.log_error(
+            f"{self.name}: the vLLM engine stopped: {self.failure}; failing {len(self._jobs)} "
+            "request(s) and ending this stub, so that the model is reported unhealthy and a "
+            "reload (labkit.server.recover) restarts it"
+        )
+        message = f"generation failed: the vLLM engine stopped ({self.failure})"
+        self._end_all(lambda: error_response(message, pb_utils.TritonError.INTERNAL))
+        threading.Thread(target=self._end_stub, name="vllm-end", daemon=True).start()
+
+    def _end_all(self, response: Callable[[], object]) -> None:
+        """End every held request with ``response()`` (in the loop's thread)."""
+        for job in self._held_jobs():
+            if job.finished:  # answered; its task's end releases it
+                continue
+            self._cancel_job(job)
+            self._finish(job, response())
+            self._release(job)
+
+    def _end_stub(self) -> None:
+        """Shut the engine's remaining processes down, then end this stub process."""
+        time.sleep(0.5)  # the failed requests' responses are on their way out
+        with contextlib.suppress(Exception):
+            if self.llm is not None:
+                self.llm.shutdown(timeout=10)
+        os._exit(70)
+
+    def _log_stats(self, what: str) -> None:
+        s = self.stats
+        pb_utils.Logger.log_info(
+            f"{self.name}: vLLM engine {what}: {s['answered']} answered, {s['tokens']} tokens, "
+            f"{s['cancelled']} cancelled, {s['busy']} refused busy, {s['failed']} failed"
+        )
+
+
+# -- Triton metrics -------------------------------------------------------------------------------
+class EngineMetrics:
+    """vLLM's scheduler counters as Triton custom metrics (``/metrics``), labelled by model."""
+
+    FAMILIES = {
+        "running": ("vllm_num_requests_running", "Sequences the vLLM engine is generating"),
+        "waiting": ("vllm_num_requests_waiting", "Sequences waiting in the vLLM engine"),
+        "kv_cache": ("vllm_kv_cache_usage_perc", "Share of the vLLM KV cache in use (0..1)"),
+    }
+
+    def __init__(self, model: str) -> None:
+        gauge = pb_utils.MetricFamily.GAUGE
+        self.families = [pb_utils.MetricFamily(n, d, gauge) for n, d in self.FAMILIES.values()]
+        labels = {"model": model}
+        self.gauges = dict(
+            zip(self.FAMILIES, (f.Metric(labels=labels) for f in self.families), strict=True)
+        )
+        self.aborted_family = pb_utils.MetricFamily(
+            "vllm_requests_aborted_total",
+            "Requests aborted in the vLLM engine because their client went away",
+            pb_utils.MetricFamily.COUNTER,
+        )
+        self.aborted = self.aborted_family.Metric(labels=labels)
+
+    def update(self, running: int, waiting: int, kv_cache: float) -> None:
+        self.gauges["running"].set(running)
+        self.gauges["waiting"].set(waiting)
+        self.gauges["kv_cache"].set(kv_cache)
+
+    def logger_factory(self):
+        metrics = self
+
+        class TritonStatLogger(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                self.engine_index = engine_index
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    metrics.update(
+                        scheduler_stats.num_running_reqs,
+                        scheduler_stats.num_waiting_reqs,
+                        scheduler_stats.kv_cache_usage,
+                    )
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return TritonStatLogger
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def sampling_params(settings: Settings) -> SamplingParams:
+    """vLLM's sampling parameters for the lab's settings (temperature 0: greedy)."""
+    return SamplingParams(
+        max_tokens=settings.max_tokens,
+        temperature=settings.temperature,
+        top_k=settings.top_k,  # 0: off, in vLLM too
+        top_p=settings.top_p,
+        repetition_penalty=settings.repetition_penalty,
+        seed=settings.seed,
+        detokenize=False,  # the model decodes as smollm2 does (see model.py)
+        output_kind=RequestOutputKind.CUMULATIVE,
+    )
+
+
+def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos_ids:
+            return tokens[:i]
+    return tokens
+
+
+async def _called(function: Callable[..., object], *args) -> None:
+    """``function(*args)`` as a coroutine: run in the loop's thread from another thread."""
+    function(*args)
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    """Cancel ``tasks`` and wait for them (a cancelled ``generate`` aborts its request)."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _send_final(sender, response) -> None:
+    try:
+        sender.send(response, flags=FINAL)
+    except Exception as exc:  # noqa: BLE001 (the request is gone, e.g. cancelled)
+        pb_utils.Logger.log_info(f"final response not sent: {exc!r}")

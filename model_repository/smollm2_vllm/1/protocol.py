@@ -1,0 +1,1 @@
+../../smollm2/1/protocol.py

