@@ -148,6 +148,11 @@ def test_a_winner_beyond_the_noise_is_better_and_the_words_count_busy_cores():
     conclusion = lessons.confirm_winner(default, winner, "w", instances=(1, 2), threads=1, cores=2)
     assert conclusion.figures["verdict"] == "better"
     assert conclusion.figures["noise_band"] == pytest.approx(0.049, abs=0.001)
+    # one way to state the gain: a ratio with its unit, per level and overall
+    assert "at concurrency 2 x1.89 infer/s" in conclusion.text
+    assert "at concurrency 4 x1.67 infer/s" in conclusion.text
+    assert str(conclusion.figures["winner_vs_default"]) == "x1.78 infer/s"
+    assert "%" not in conclusion.text.split("noise band")[0]
     assert "can keep 1 of the 2 cores busy, the winner's 2 can keep 2" in conclusion.text
     assert "put idle cores to work" in conclusion.text
     assert "compete" not in conclusion.text

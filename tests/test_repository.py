@@ -136,6 +136,27 @@ def test_edit_writes_the_change_and_returns_a_readable_diff(repo):
     assert repo.edit("minilm", max_batch_size=16) == ""  # no change, nothing to show
 
 
+def test_a_brief_edit_says_each_changed_setting_on_one_line(repo):
+    brief = repo.edit(
+        "minilm",
+        brief=True,
+        max_batch_size=16,
+        instance_count=2,
+        dynamic_batching=False,
+        parameters={"normalize": "false", "note": "hello"},
+    )
+    assert brief.splitlines() == [
+        "minilm/config.pbtxt:",
+        "  dynamic_batching: {max_queue_delay_microseconds: 2000} -> (unset)",
+        "  instance_group: [count: 1 kind: KIND_CPU] -> [count: 2 kind: KIND_CPU]",
+        "  max_batch_size: 32 -> 16",
+        "  parameter normalize: true -> false",
+        "  parameter note: (unset) -> hello",
+    ]
+    assert repo.config("minilm").max_batch_size == 16  # written, as a full edit is
+    assert repo.edit("minilm", brief=True, max_batch_size=16) == ""
+
+
 def test_edit_removes_parameters_and_dynamic_batching(repo):
     repo.edit("minilm", dynamic_batching=False, parameters={"normalize": None})
     cfg = repo.config("minilm")

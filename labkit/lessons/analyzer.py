@@ -7,7 +7,7 @@ import os
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import Conclusion, noise_band
+from labkit.lessons.conclusion import Conclusion, Ratio, noise_band
 
 #: The tutorial's Model Analyzer summary: best config and the default, infer/s.
 TUTORIAL_ANALYZER = {"winner": "3 instances, max batch 16", "winner_infer_s": 71.944}
@@ -45,7 +45,7 @@ def confirm_winner(
                 "concurrency": c,
                 "default infer/s": sum(base) / len(base),
                 f"{name} infer/s": sum(best) / len(best),
-                "change": change,
+                "winner / default": 1 + change,  # the same ratio the words give
                 "noise band": band,
                 "verdict": verdict,
             }
@@ -62,21 +62,21 @@ def confirm_winner(
     )
     figures = {
         "winner": name,
-        "winner_vs_default_throughput": round(1 + float(table["change"].mean()), 3),
+        "winner_vs_default": Ratio(float(table["winner / default"].mean()), "infer/s"),
         "noise_band": round(float(table["noise band"].max()), 3),
         "verdict": overall,
     }
     per_level = "; ".join(
-        f"at concurrency {int(r['concurrency'])} {r['change']:+.1%} (noise band "
-        f"{r['noise band']:.1%}): {r['verdict']}"
+        f"at concurrency {int(r['concurrency'])} {Ratio(r['winner / default'], 'infer/s')} (noise "
+        f"band {r['noise band']:.0%} of the mean): {r['verdict']}"
         for r in rows
     )
     text = (
         f"Measured again after warm-up, {name} against the default: {per_level}. So the winner "
         f"is {overall}. The tutorial's search on an A6000 found "
         f"{TUTORIAL_ANALYZER['winner']} at {TUTORIAL_ANALYZER['winner_infer_s']:.1f} infer/s "
-        f"against {TUTORIAL_ANALYZER_DEFAULT:.1f} for its default (+"
-        f"{TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT - 1:.0%}). "
+        f"against {TUTORIAL_ANALYZER_DEFAULT:.1f} for its default ("
+        f"{Ratio(TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT, 'infer/s')}). "
         + _cores_used(instances, threads, cores or os.cpu_count() or 1)
     )
     return Conclusion(table, figures, text)

@@ -85,6 +85,14 @@ class AnalyzerSettings:
     max_model_batch_size: int = 4
     concurrency: list[int] = field(default_factory=lambda: [2])
     measurement_request_count: int = 20
+    # perf_analyzer's stability rule for each measurement: the last 3 windows within
+    # ``stability_percentage`` of each other, in at most ``max_trials`` windows. perf_analyzer's
+    # own 10% in 10 windows is seldom met on a shared CPU with short windows; Model Analyzer then
+    # measures the config all over again with 50 more requests a window, up to 10 times, and the
+    # search's time goes into windows that rank nothing. The search only ranks configurations; a
+    # winner is measured again, repeated, against the default (notebook 04's noise band).
+    stability_percentage: int = 10
+    max_trials: int = 10
     perf_analyzer_timeout_s: int = 120
     client_protocol: str = "http"
     cpu_only: bool | None = None  # None: True when the host has no NVIDIA GPU
@@ -170,6 +178,8 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
     flags = {
         "measurement-mode": "count_windows",
         "measurement-request-count": s.measurement_request_count,
+        "stability-percentage": s.stability_percentage,
+        "max-trials": s.max_trials,
     }
     if s.string_data is not None:
         flags["string-data"] = s.string_data

@@ -93,6 +93,42 @@ def diff_configs(old: ModelConfig, new: ModelConfig, name: str = "model") -> str
     return "".join(lines)
 
 
+def change_summary(old: ModelConfig, new: ModelConfig, name: str = "model") -> str:
+    """What an edit changed, one line a setting (``max_batch_size: 0 -> 8``), where a diff of the
+    protobuf text would take five lines a parameter ('' when nothing changed)."""
+    lines = []
+    for field in sorted(f.name for f in ModelConfig.DESCRIPTOR.fields if f.name != "parameters"):
+        before, after = _setting_text(old, field), _setting_text(new, field)
+        if before != after:
+            lines.append(f"{field}: {before} -> {after}")
+    for key in sorted(set(old.parameters) | set(new.parameters)):
+        before = old.parameters[key].string_value if key in old.parameters else "(unset)"
+        after = new.parameters[key].string_value if key in new.parameters else "(unset)"
+        if before != after:
+            lines.append(f"parameter {key}: {before} -> {after}")
+    return "\n".join([f"{name}/{CONFIG_FILE}:", *("  " + line for line in lines)]) if lines else ""
+
+
+def _setting_text(config: ModelConfig, field: str) -> str:
+    """One field of ``config`` on one line: a message in protobuf's one-line text, a list of
+    them in brackets, a plain value as itself; an absent message or an empty list "(unset)"."""
+    descriptor = ModelConfig.DESCRIPTOR.fields_by_name[field]
+    value = getattr(config, field)
+    if descriptor.label == descriptor.LABEL_REPEATED:
+        if not len(value):
+            return "(unset)"
+        if descriptor.message_type is None:
+            return "[" + ", ".join(map(str, value)) + "]"
+        return (
+            "[" + ", ".join(text_format.MessageToString(v, as_one_line=True) for v in value) + "]"
+        )
+    if descriptor.message_type is not None:
+        if not config.HasField(field):
+            return "(unset)"
+        return "{" + text_format.MessageToString(value, as_one_line=True) + "}"
+    return str(value)
+
+
 def validate(cfg: ModelConfig, *, name: str | None = None) -> None:
     """Raise :class:`ConfigError` listing every rule of Triton's that ``cfg`` breaks.
 

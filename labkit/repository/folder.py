@@ -22,6 +22,7 @@ from .config import (
     CONFIG_FILE,
     ModelConfig,
     apply_edits,
+    change_summary,
     check_name,
     config_to_text,
     diff_configs,
@@ -136,15 +137,16 @@ class Repository:
         log.info("wrote %s", path)
         return change
 
-    def edit(self, name: str, *, dry_run: bool = False, **changes) -> str:
-        """Change fields of a model's configuration (see :func:`apply_edits`); return the diff.
+    def edit(self, name: str, *, dry_run: bool = False, brief: bool = False, **changes) -> str:
+        """Change fields of a model's configuration (see :func:`apply_edits`); return the diff,
+        or with ``brief`` one line per changed setting (:func:`change_summary`).
 
         Nothing is written when the result is invalid, when nothing changes, or with ``dry_run``.
         """
         old = self.config(name)
         new = apply_edits(old, **changes)
         validate(new, name=name)
-        change = diff_configs(old, new, name)
+        change = (change_summary if brief else diff_configs)(old, new, name)
         if change and not dry_run:
             self.write_config(name, new)
         return change
