@@ -12,7 +12,7 @@ import math
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio
+from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
 
 #: The tutorial's perf_analyzer figures: falcon-7b on an Intel i9 with an NVIDIA A6000.
 TUTORIAL_HARDWARE = "falcon-7b on an NVIDIA A6000"
@@ -100,19 +100,9 @@ def batching_conclusion(
                 else f"; its batches were no larger than without the delay ({batch:.2f})."
             )
         )
-    unstable = [
-        f"{label} at {int(r.concurrency)}"
-        for label, frame in (("off", off), ("on", on), ("delayed", delayed))
-        if frame is not None and "stable" in frame
-        for r in frame.itertuples()
-        if not r.stable
-    ]
-    if unstable:
-        lines.append(
-            "Not every measurement settled within the stability rule ("
-            + ", ".join(unstable)
-            + "): those figures carry more noise than the others."
-        )
+    caveat = unsettled({"off": off, "on": on, "delayed": delayed})
+    if caveat:
+        lines.append(caveat)
     return Conclusion(table, figures, "\n".join(lines))
 
 

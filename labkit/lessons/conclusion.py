@@ -67,3 +67,22 @@ def noise_band(runs: list[float]) -> float:
         raise ConfigError(f"a noise band needs two or more repeated measurements, got {len(runs)}")
     mean = sum(runs) / len(runs)
     return (max(runs) - min(runs)) / mean if mean else math.inf
+
+
+def unsettled(sweeps: dict[str, pd.DataFrame | None]) -> str:
+    """The sentence naming every perf_analyzer measurement that did not settle within its
+    stability rule (``{label: sweep}``, a sweep's ``stable`` column), or '' when all did."""
+    names = [
+        f"{label} at {int(r.concurrency)}"
+        for label, frame in sweeps.items()
+        if frame is not None and "stable" in frame
+        for r in frame.itertuples()
+        if not r.stable
+    ]
+    if not names:
+        return ""
+    return (
+        "Not every measurement settled within the stability rule ("
+        + ", ".join(names)
+        + "): those figures carry more noise than the others."
+    )

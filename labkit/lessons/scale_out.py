@@ -14,7 +14,7 @@ import os
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio
+from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
 
 #: How a verdict reads after its ratio.
 SAID = {
@@ -128,19 +128,9 @@ def scale_out_conclusion(
             else "a quiet host"
         )
         lines.append(f"The host's load average was {load_average:.1f} on {cores} cores: {busy}.")
-    unstable = [
-        f"{names[k]} at {int(r.concurrency)}"
-        for k, frame in sweeps.items()
-        if "stable" in frame
-        for r in frame.itertuples()
-        if not r.stable
-    ]
-    if unstable:
-        lines.append(
-            "Not every measurement settled within the stability rule ("
-            + ", ".join(unstable)
-            + "): those figures carry more noise than the others."
-        )
+    caveat = unsettled({names[k]: frame for k, frame in sweeps.items()})
+    if caveat:
+        lines.append(caveat)
     return Conclusion(table, figures, "\n".join(lines))
 
 

@@ -27,6 +27,7 @@ from .protocol import (
     RequestReader,
     Settings,
     answer,
+    completion,
     error_response,
     group_by_settings,
     read_options,
@@ -146,16 +147,8 @@ class TritonPythonModel:
                 if token in self.eos_ids:
                     new = new[:i]
                     break
-            texts.append(self.completion(prompt, new))
+            texts.append(completion(self.tokenizer, prompt, new))
         return texts
-
-    def completion(self, prompt: list[int], new: list[int]) -> str:
-        """The text ``new`` adds after ``prompt`` (decoded together: spaces come out right)."""
-        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
-        whole = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
-        if whole.startswith(head):
-            return whole[len(head) :]
-        return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def finalize(self) -> None:
         if getattr(self, "engine", None) is not None:

@@ -321,6 +321,16 @@ def as_bool(name: str, value: object, *, from_config: bool) -> bool:
 
 
 # -- writing a response -------------------------------------------------------------------------
+def completion(tokenizer, prompt: list[int], new: list[int]) -> str:
+    """The text ``new`` adds after ``prompt``, decoded together (spaces and merged characters
+    come out as in the whole text), or alone when the prompt's own text changed."""
+    head = tokenizer.decode(prompt, skip_special_tokens=True)
+    whole = tokenizer.decode(prompt + new, skip_special_tokens=True)
+    if whole.startswith(head):
+        return whole[len(head) :]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
 def answer(prompts: Prompts, completions: list[str]) -> pb_utils.InferenceResponse:
     """The response to a request: each prompt's completion (after the prompt, if asked)."""
     texts = completions

@@ -13,6 +13,7 @@ the run's copy of config.pbtxt as ``EXECUTION_ENV_PATH``; ``make install`` creat
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,14 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 from .decoupled import FINAL
 from .engine import EngineMetrics, VllmEngine
 from .loading import context_length, end_of_sequence_ids, resolve_source
-from .protocol import ConfigError, RequestError, RequestReader, error_response, read_options
+from .protocol import (
+    ConfigError,
+    RequestError,
+    RequestReader,
+    completion,
+    error_response,
+    read_options,
+)
 from .vllm_settings import device_environment, engine_environment, read_engine_options
 
 
@@ -60,7 +68,7 @@ class TritonPythonModel:
             self.name,
             engine_options,
             weights,
-            decode=self.completion,
+            decode=functools.partial(completion, self.tokenizer),
             eos_ids=end_of_sequence_ids(described, self.tokenizer),
             metrics=EngineMetrics(self.name),
         )
@@ -80,14 +88,6 @@ class TritonPythonModel:
                 continue
             self.engine.submit(sender, prompts)
         return None
-
-    def completion(self, prompt: list[int], new: list[int]) -> str:
-        """The text ``new`` adds after ``prompt``, decoded together as ``smollm2`` does."""
-        head = self.tokenizer.decode(prompt, skip_special_tokens=True)
-        whole = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
-        if whole.startswith(head):
-            return whole[len(head) :]
-        return self.tokenizer.decode(new, skip_special_tokens=True)
 
     def finalize(self) -> None:
         if getattr(self, "engine", None) is not None:
