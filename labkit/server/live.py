@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,13 +99,38 @@ def reload(
             raise ServerError(f"{exc}\nserver log: {detail}") from exc
         raise
     log.info("loaded %s", name)
+    _wait_old_stubs_gone(server, name)
     if warm:
         warm_up(server, name)
     return change
 
 
+def _wait_old_stubs_gone(server: TritonServer, name: str, timeout_s: float = 60.0) -> None:
+    """Wait (bounded) until a reloaded model runs only its new instances' stubs.
+
+    Triton serves the new version once it is loaded, while the old instances' stubs are still
+    finalizing: measured on 2 cores, such a stub took 40% of a core for seconds after the reload
+    returned, and the first measurement of the new configuration ran a third slower."""
+    if not getattr(server, "running", False):
+        return  # a remote server's processes are not ours to see
+    want = _instance_count(served_config(server, name))
+    deadline = time.monotonic() + timeout_s
+    while len(stubs(server).get(name, [])) > want:
+        if time.monotonic() > deadline:
+            log.warning(
+                "%s: the old instances' stubs were still running %g s after the reload",
+                name,
+                timeout_s,
+            )
+            return
+        time.sleep(0.1)
+
+
 def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float = 120.0) -> int:
-    """Send ``count`` small requests to ``name`` and wait for the answers; return how many were sent.
+    """Send ``count`` small requests per instance of ``name`` and wait for the answers; return how
+    many were sent. With several instances the requests go out together, one client per instance,
+    so that Triton hands every instance some (sent one by one, they would all find the first
+    instance free, and the others would meet their first request in the measurement).
 
     A model's first requests after a load pay for lazy initialisation (torch's kernels, caches):
     the lab's first measured request right after a reload was 3x slower than the rest. Inputs are
@@ -114,6 +141,7 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
     else left cold, with a log line.
     """
     config = served_config(server, name)
+    instances = _instance_count(config)
     inputs = config.get("input", [])
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
     parameters = {"max_tokens": 2} if "max_tokens" in config.get("parameters", {}) else {}
@@ -122,13 +150,12 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
             log.info("not warming %s: a decoupled model without a text_input", name)
             return 0
         body = json.dumps({"text_input": "Hello", **parameters}).encode()
-        for _ in range(count):  # generate_stream: a per-token model may send several responses
-            _post(f"http://{server.http_url}/v2/models/{name}/generate_stream", body, timeout_s)
-        return count
+        url = f"http://{server.http_url}/v2/models/{name}/generate_stream"
+        # generate_stream: a per-token model may send several responses
+        return _together(instances, count, lambda: lambda: _post(url, body, timeout_s))
     import tritonclient.http as httpclient  # noqa: PLC0415 (each protocol's client pulls its own network stack; load the one in use)
 
     batched = int(config.get("max_batch_size", 0)) > 0
-    client = httpclient.InferenceServerClient(server.http_url, network_timeout=timeout_s)
     tensors = []
     for spec in inputs:
         shape = ([1] if batched else []) + [1 if int(d) < 0 else int(d) for d in spec["dims"]]
@@ -140,15 +167,39 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
         else:
             tensor.set_data_from_numpy(np.zeros(shape, dtype=triton_to_np_dtype(wire)))
         tensors.append(tensor)
+    clients = []
+
+    def sender():  # one client per thread: a client is not shared between threads
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=timeout_s)
+        clients.append(client)
+        return lambda: client.infer(name, tensors, parameters=parameters or None)
+
     try:
-        for _ in range(count):
-            client.infer(name, tensors, parameters=parameters or None)
+        sent = _together(instances, count, sender)
     except InferenceServerException as exc:
         raise ServerError(f"warming up {name!r} failed: {redact(exc.message())}") from exc
     finally:
-        client.close()
-    log.info("warmed up %s with %d requests", name, count)
-    return count
+        for client in clients:
+            client.close()
+    log.info("warmed up %s (%d instances) with %d requests", name, instances, sent)
+    return sent
+
+
+def _together(threads: int, count: int, make_sender) -> int:
+    """``count`` calls of a sender in each of ``threads`` threads at once (``make_sender()`` gives
+    each thread its own); the first error is raised. Returns the calls made."""
+
+    def run(_):
+        send = make_sender()
+        for _ in range(count):
+            send()
+
+    if threads == 1:
+        run(0)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="warm-up") as pool:
+            list(pool.map(run, range(threads)))
+    return threads * count
 
 
 def _post(url: str, body: bytes, timeout_s: float) -> None:
