@@ -234,27 +234,28 @@ def engine_settings():
 
 
 @pytest.mark.parametrize(
-    ("cores", "instances", "servers", "inflight", "threads"),
+    ("cores", "instances", "servers", "threads"),
     [
-        (2, 1, None, False, 2),  # one server, one instance: every core
-        (2, 2, None, False, 1),  # instance_group { count: 2 }: one core each
-        (2, 1, "2", False, 1),  # two replicas on the host: one core each, like two instances
-        (2, 3, None, False, 1),  # more instances than cores: never 0
-        (16, 2, "2", False, 4),
-        (2, 1, None, True, 1),  # in-flight: one core left for the engine and Triton's threads
-        (8, 2, None, True, 3),
-        (2, 1, "not a number", False, 2),
+        (2, 1, None, 1),  # one server, one instance: every core but one for Triton and clients
+        (2, 2, None, 1),  # instance_group { count: 2 }: one thread each
+        (2, 1, "2", 1),  # two replicas on the host: one thread each, like two instances
+        (2, 3, None, 1),  # more instances than cores: never 0
+        (1, 1, None, 1),  # a single core: still one thread
+        (8, 1, None, 7),
+        (8, 2, None, 3),
+        (16, 2, "2", 3),
+        (8, 1, "not a number", 7),
     ],
 )
 def test_each_instance_gets_its_share_of_the_cores(
-    engine_settings, monkeypatch, cores, instances, servers, inflight, threads
+    engine_settings, monkeypatch, cores, instances, servers, threads
 ):
     monkeypatch.setattr(engine_settings, "usable_cores", lambda: cores)
     if servers is None:
         monkeypatch.delenv(engine_settings.SERVERS_VARIABLE, raising=False)
     else:
         monkeypatch.setenv(engine_settings.SERVERS_VARIABLE, servers)
-    assert engine_settings.thread_budget(instances, inflight=inflight) == threads
+    assert engine_settings.thread_budget(instances) == threads
 
 
 def test_the_instance_count_is_read_from_the_served_config(engine_settings):
@@ -290,14 +291,14 @@ def test_the_other_torch_templates_share_the_cores_the_same_way(
 ):
     """The embedding and Neuron (TARGET cpu) templates are self-contained files: each carries
     the same rule as the text model's engine_settings.thread_budget."""
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     with imported_as_triton_does(ROOT / "labkit" / "templates" / template, module) as code:
         share = getattr(code, function)
         two = (
             {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]} if template == "embedding" else 2
         )
         monkeypatch.delenv(code.SERVERS_VARIABLE, raising=False)
-        assert share(two) == 2
+        assert share(two) == 3  # 8 cores less one, for two instances
         monkeypatch.setenv(code.SERVERS_VARIABLE, "2")
         assert share(two) == 1
         monkeypatch.setenv(code.SERVERS_VARIABLE, "8")

@@ -152,9 +152,9 @@ def _threads_line(names: dict[str, str], threads: dict[str, int], count: int, co
             "workers waste the turns: the collapse notebook 04 avoids with one thread per instance."
         )
     return (
-        f"{said} labkit gives every instance the cores divided by the instances that share "
-        "them, replicas' instances included, so no configuration asks for more cores than "
-        "there are."
+        f"{said} labkit gives every instance the cores less one (Triton's threads and the "
+        "clients need one) divided by the instances that share them, replicas' instances "
+        "included, so no configuration asks for more cores than there are."
     )
 
 

@@ -61,7 +61,7 @@ def serving_threads() -> int:
 def thread_budget(instances: int = 1) -> int:
     """torch threads per instance that a served text model takes by default on this host when
     ``instances`` instances share its cores (the model folder's ``thread_budget``: the cores
-    divided by the instances, at least 1)."""
+    less one, divided by the instances, at least 1)."""
     return _settings.thread_budget(instances)
 
 

@@ -106,19 +106,20 @@ def instance_count(config: Mapping) -> int:
     return max(1, total)
 
 
-def thread_budget(instances: int = 1, *, inflight: bool = False) -> int:
-    """torch threads for one instance of a served model: the cores it shares, divided among
-    everything that shares them, at least 1.
+def thread_budget(instances: int = 1) -> int:
+    """torch threads for one instance of a served model: the cores it shares, less one, divided
+    among everything that shares them, at least 1.
 
-    The cores are this process's (:func:`usable_cores`), one less for the in-flight engine
-    (:func:`serving_threads`); they are shared by ``instances`` instances of the model in each of
-    :func:`servers_on_host` servers. torch's own default is every core for every instance: two
-    instances (or two replicas) on 2 cores then run 4 spinning workers on 2 cores, and measured
-    with SmolLM2 on 2 cores two replicas of 2 threads each spent 450 ms computing a request that
-    took 28 ms with one server (notebook 07). A model's ``num_threads`` parameter overrides it.
+    The cores are this process's less one for Triton's own threads and the clients on the same
+    host (:func:`serving_threads`); they are shared by ``instances`` instances of the model in
+    each of :func:`servers_on_host` servers. torch's own default is every core for every
+    instance, and its workers spin: measured on 2 cores with perf_analyzer on the same host
+    (tiny-falcon, 4 clients), one instance with 2 threads computed a request in 395-623 ms and
+    served 1.6-2.5 infer/s, with 1 thread 62 ms and 32 infer/s; two replicas of 2 threads each
+    spent 450 ms on a request that one server computed in 28 ms (notebook 07). A model's
+    ``num_threads`` parameter overrides it.
     """
-    cores = serving_threads() if inflight else usable_cores()
-    return max(1, cores // (max(1, instances) * servers_on_host()))
+    return max(1, serving_threads() // (max(1, instances) * servers_on_host()))
 
 
 def serving_threads() -> int:

@@ -46,9 +46,7 @@ class TritonPythonModel:
         self.tokenizer, self.model, self.device = loaded.tokenizer, loaded.model, loaded.device
         self.eos_ids = loaded.eos_ids
         # num_threads, else this instance's share of the cores (see thread_budget)
-        threads = options.num_threads or thread_budget(
-            instance_count(config), inflight=options.inflight is not None
-        )
+        threads = options.num_threads or thread_budget(instance_count(config))
         torch.set_num_threads(threads)
         self.reader = RequestReader(
             self.tokenizer, options.defaults, options.full_text, loaded.context

@@ -91,9 +91,9 @@ class Options:
     defaults: Settings  # max_tokens, temperature...: the settings a request may override
     full_text: bool  # return_full_text (default true, as in the tutorial)
     gated: bool  # the hub model needs a token (Llama 2)
-    # torch threads per instance; 0 (default): the host's cores divided by the instances that
-    # share them (instance_group counts, times the servers of LABKIT_SERVERS_ON_HOST), at least
-    # 1, from one core less in-flight: engine_settings.thread_budget
+    # torch threads per instance; 0 (default): the host's cores less one (Triton's threads and
+    # the clients on the host) divided by the instances that share them (instance_group counts,
+    # times the servers of LABKIT_SERVERS_ON_HOST), at least 1: engine_settings.thread_budget
     num_threads: int
     dtype: str  # auto: float16 on a GPU, float32 on a CPU; or a torch dtype's name
     inflight: Limits | None  # inflight_batching's limits; None: no in-flight batching
