@@ -145,8 +145,12 @@ class TritonPythonModel:
                 if token in self.eos_ids:
                     new = new[:i]
                     break
-            texts.append(completion(self.tokenizer, prompt, new))
+            texts.append(self.completion(prompt, new))
         return texts
+
+    def completion(self, prompt: list[int], new: list[int]) -> str:
+        """The text ``new`` adds after ``prompt`` (:func:`protocol.completion`, this tokenizer)."""
+        return completion(self.tokenizer, prompt, new)
 
     def finalize(self) -> None:
         if getattr(self, "engine", None) is not None:
