@@ -25,6 +25,7 @@ from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 from labkit.errors import ConfigError, MissingFileError, ServerError
 from labkit.repository import STREAM_SUFFIX, Repository, write_streaming_twin
 from labkit.repository.config import ModelConfig, check_name
+from labkit.repository.textgen import instance_count
 from labkit.settings import redact
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _wait_old_stubs_gone(server: TritonServer, name: str, timeout_s: float = 60.
     returned, and the first measurement of the new configuration ran a third slower."""
     if not getattr(server, "running", False):
         return  # a remote server's processes are not ours to see
-    want = _instance_count(served_config(server, name))
+    want = instance_count(served_config(server, name))
     deadline = time.monotonic() + timeout_s
     while len(stubs(server).get(name, [])) > want:
         if time.monotonic() > deadline:
@@ -141,7 +142,7 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
     else left cold, with a log line.
     """
     config = served_config(server, name)
-    instances = _instance_count(config)
+    instances = instance_count(config)
     inputs = config.get("input", [])
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
     parameters = {"max_tokens": 2} if "max_tokens" in config.get("parameters", {}) else {}
@@ -260,16 +261,6 @@ def stubs(server: TritonServer) -> dict[str, list[int]]:
     return {name: sorted(pids) for name, pids in sorted(found.items())}
 
 
-def _instance_count(config: dict) -> int:
-    """How many instances (so stubs) Triton runs for a served config."""
-    total = 0
-    for group in config.get("instance_group", []):
-        count = int(group.get("count", 1))
-        gpus = group.get("gpus", [])
-        total += count * (len(gpus) if group.get("kind") == "KIND_GPU" and gpus else 1)
-    return total or 1
-
-
 def unhealthy(server: TritonServer) -> dict[str, str]:
     """Python-backend models Triton still calls READY although a stub of theirs has died.
 
@@ -286,7 +277,7 @@ def unhealthy(server: TritonServer) -> dict[str, str]:
             config = client.get_model_config(name)
         if config.get("backend") != "python":
             continue
-        expected, running = _instance_count(config), len(live.get(name, []))
+        expected, running = instance_count(config), len(live.get(name, []))
         if running < expected:
             broken[name] = f"{running} of {expected} Python stub processes alive"
     return broken
