@@ -34,7 +34,15 @@ import yaml
 
 from labkit import runs, settings
 from labkit.errors import ConfigError, MissingFileError
-from labkit.report import FIGURES_FILE, NotebookResult, RunReport, purpose, to_html, write_index
+from labkit.report import (
+    FIGURES_FILE,
+    TAKEAWAY_FILE,
+    NotebookResult,
+    RunReport,
+    purpose,
+    to_html,
+    write_index,
+)
 from labkit.settings import project_root
 
 log = logging.getLogger(__name__)
@@ -239,6 +247,9 @@ def run_notebooks(
             figures = Path(result.folder) / FIGURES_FILE
             if figures.is_file():
                 result.figures = json.loads(figures.read_text())
+            takeaway = Path(result.folder) / TAKEAWAY_FILE
+            if takeaway.is_file():
+                result.takeaway = json.loads(takeaway.read_text())
         report.results.append(result)
         if result.status != "ok" and stop_on_failure:
             break

@@ -15,8 +15,10 @@ import os
 import sys
 from pathlib import Path
 
+from labkit import proc
 from labkit.errors import ConfigError, LabkitError, MissingFileError
-from labkit.report import FIGURES_FILE
+from labkit.lessons.takeaway import Takeaway
+from labkit.report import FIGURES_FILE, TAKEAWAY_FILE
 from labkit.repository import apply_edits, prepare_run_repository, read_config
 from labkit.runs import run_folder
 from labkit.server import (
@@ -29,6 +31,7 @@ from labkit.server import (
     start_server,
 )
 from labkit.server.image import build_command as image_build_command
+from labkit.server.image import compare_with_tutorial as image_beside_tutorial
 
 
 def show_warnings_in_notebooks() -> None:
@@ -57,8 +60,10 @@ __all__ = [
     "apply_edits",
     "describe_repository",
     "expect_error",
+    "image_beside_tutorial",
     "image_build_command",
     "index",
+    "labkit_command",
     "prepare_run_repository",
     "read_config",
     "record",
@@ -71,6 +76,7 @@ __all__ = [
     "show_table",
     "start_server",
     "startup_lines",
+    "takeaway",
 ]
 
 
@@ -148,6 +154,25 @@ def record(run_dir: str | os.PathLike, **figures: object) -> dict:
     text = json.dumps(recorded, indent=2, sort_keys=True)  # refuses what JSON cannot hold
     path.write_text(text + "\n", encoding="utf-8")
     return recorded
+
+
+def labkit_command(*args: str, timeout_s: float = 3600.0) -> str:
+    """Run the ``labkit`` command (``python -m labkit.cli`` of this kernel's Python) and return what it
+    printed; a failure raises :class:`~labkit.errors.ToolError` with what it said.
+    ``labkit_command("image", "build", "--dry-run")`` prints the build without running it."""
+    return proc.run([sys.executable, "-m", "labkit.cli", *args], timeout_s=timeout_s).stdout
+
+
+def takeaway(run_dir: str | os.PathLike, what) -> Takeaway:
+    """A notebook's last word: show it, and keep it in ``<run_dir>/takeaway.json`` for the index.
+
+    ``what`` is a lesson's :class:`~labkit.lessons.Conclusion` (its takeaway), a
+    :class:`~labkit.lessons.Takeaway`, or one to three lines.
+    """
+    said = Takeaway.of(what)
+    path = Path(run_dir) / TAKEAWAY_FILE
+    path.write_text(json.dumps(list(said.lines), indent=2) + "\n", encoding="utf-8")
+    return said
 
 
 #: Lines a CPU-only host logs at start: the GPU monitors find no GPU, and Triton carries on.

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 #: A notebook's headline figures, in its own folder (written by labkit.lab.record).
 FIGURES_FILE = "figures.json"
+#: Its takeaway, one to three lines (written by labkit.lab.takeaway).
+TAKEAWAY_FILE = "takeaway.json"
 
 
 @dataclass
@@ -31,6 +33,7 @@ class NotebookResult:
     error: str | None = None
     purpose: str = ""  # the notebook's title line
     figures: dict = field(default_factory=dict)  # what the notebook recorded (labkit.lab.record)
+    takeaway: list[str] = field(default_factory=list)  # its last word (labkit.lab.takeaway)
     folder: str | None = None  # the notebook's own working folder (logs, reports)
 
     def where(self) -> str:
@@ -301,11 +304,16 @@ def write_index(report: RunReport) -> Path:
             )
             or f"<li class='none'>{NO_FIGURES}</li>"
         )
+        takeaway = (
+            "<ol>" + "".join(f"<li>{html.escape(line)}</li>" for line in r.takeaway) + "</ol>"
+            if r.takeaway
+            else f"<span class='none'>{NO_TAKEAWAY}</span>"
+        )
         error = html.escape(f"{r.where()}{r.error}" if r.error else "")
         rows.append(
             f"<tr class='{r.status}'><td><b>{html.escape(name)}</b><br>"
             f"<span class='purpose'>{html.escape(r.purpose)}</span></td><td>{r.status}</td>"
-            f"<td>{r.duration_s:.1f} s</td><td><ul>{figures}</ul></td>"
+            f"<td>{r.duration_s:.1f} s</td><td><ul>{figures}</ul></td><td>{takeaway}</td>"
             f"<td>{' · '.join(links)}</td><td>{error}</td></tr>"
         )
     passed = sum(r.status == "ok" for r in report.results)
@@ -313,11 +321,11 @@ def write_index(report: RunReport) -> Path:
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit run "
         f"{html.escape(report.run_dir.name)}</title><style>body{{font-family:sans-serif;"
         "margin:2em}table{border-collapse:collapse}td,th{padding:6px 12px;text-align:left;"
-        "vertical-align:top;border-bottom:1px solid #ddd}ul{margin:0;padding-left:1.2em}"
+        "vertical-align:top;border-bottom:1px solid #ddd}ul,ol{margin:0;padding-left:1.2em}"
         ".failed td{color:#b00}.purpose,.none{color:#555}</style></head><body>"
         f"<h1>labkit run {html.escape(report.run_dir.name)}</h1>"
         f"<p>{passed} of {len(report.results)} notebooks passed.</p><table>"
-        "<tr><th>notebook</th><th>status</th><th>duration</th><th>headline figures</th>"
+        "<tr><th>notebook</th><th>status</th><th>duration</th><th>headline figures</th><th>takeaway</th>"
         f"<th>links</th><th>error</th></tr>{''.join(rows)}</table></body></html>\n"
     )
     index = report.run_dir / "index.html"
@@ -327,6 +335,8 @@ def write_index(report: RunReport) -> Path:
 
 #: What the summary and the index say for a notebook that recorded no figures.
 NO_FIGURES = "no figures recorded"
+#: What the index says for a notebook that stopped before its takeaway (or never had one).
+NO_TAKEAWAY = "no takeaway recorded"
 
 
 def figure_value(value: object) -> str:

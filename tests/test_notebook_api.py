@@ -51,3 +51,15 @@ def test_the_counting_sees_both_import_forms(tmp_path):
         {"labkit.lab", "labkit.client", "labkit.profiling"},
         {"analyzer"},
     )
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_ends_on_its_takeaway_with_only_the_stop_after_it(notebook):
+    """Every notebook's last word is computed (``lab.takeaway``, kept for the index); after it
+    may come only the cells that stop its server."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    sources = ["".join(c["source"]) for c in cells]
+    said = [i for i, s in enumerate(sources) if "lab.takeaway(" in s]
+    assert len(said) == 1, f"{notebook.name}: {len(said)} cells call lab.takeaway"
+    after = sources[said[0] + 1 :]
+    assert all(s.startswith("server.stop()") for s in after), (notebook.name, after)

@@ -13,17 +13,22 @@ from labkit.lessons.inflight import inflight_conclusion
 from labkit.lessons.neuron import neuron_conclusion
 from labkit.lessons.scale_out import scale_out_conclusion
 from labkit.lessons.search import search_conclusion
+from labkit.lessons.takeaway import Takeaway, deploy_takeaway, multi_model_takeaway, setup_takeaway
 
 __all__ = [
     "GAIN",
     "Conclusion",
     "Ratio",
+    "Takeaway",
     "batching_conclusion",
     "confirm_winner",
+    "deploy_takeaway",
     "figure_text",
     "inflight_conclusion",
+    "multi_model_takeaway",
     "neuron_conclusion",
     "noise_band",
     "scale_out_conclusion",
     "search_conclusion",
+    "setup_takeaway",
 ]

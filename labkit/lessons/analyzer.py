@@ -79,7 +79,19 @@ def confirm_winner(
         f"{Ratio(TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT, 'infer/s')}). "
         + _cores_used(instances, threads, cores or os.cpu_count() or 1)
     )
-    return Conclusion(table, figures, text)
+    takeaway = (
+        f"Model Analyzer's winner, {name}, measured again: {figures['winner_vs_default']} against "
+        f"the default, {overall}.",
+        "Per level: "
+        + "; ".join(
+            f"{Ratio(r['winner / default'], 'infer/s')} at {int(r['concurrency'])}" for r in rows
+        )
+        + f", in a noise band up to {figures['noise_band']:.0%} of the mean.",
+        f"The tutorial's A6000 search gave "
+        f"{Ratio(TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT, 'infer/s')} "
+        f"for {TUTORIAL_ANALYZER['winner']}; this host gave {figures['winner_vs_default']}.",
+    )
+    return Conclusion(table, figures, text, takeaway)
 
 
 def _cores_used(instances: tuple[int, int] | None, threads: int | None, cores: int) -> str:

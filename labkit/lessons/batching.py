@@ -103,7 +103,22 @@ def batching_conclusion(
     caveat = unsettled({"off": off, "on": on, "delayed": delayed})
     if caveat:
         lines.append(caveat)
-    return Conclusion(table, figures, "\n".join(lines))
+    takeaway = [
+        f"At concurrency {c}, dynamic batching gave {gain} ({_at(on, c, 'throughput'):.1f} "
+        f"against {_at(off, c, 'throughput'):.1f}) and {p99}.",
+        f"Triton executed {batch:.2f} requests per call at concurrency {c}"
+        + (
+            f", {figures['avg_batch_size_on_sweep']:.2f} over the whole sweep."
+            if "avg_batch_size_on_sweep" in figures
+            else "."
+        ),
+    ]
+    if f"delayed_throughput_ratio_c{c}" in figures:
+        takeaway.append(
+            f"With a queue delay, {figures[f'delayed_avg_batch_size_c{c}']:.2f} requests per "
+            f"call and {figures[f'delayed_throughput_ratio_c{c}']} against batching off."
+        )
+    return Conclusion(table, figures, "\n".join(lines), tuple(takeaway))
 
 
 def _table(

@@ -52,6 +52,8 @@ class Conclusion:
     table: pd.DataFrame
     figures: dict = field(default_factory=dict)
     text: str = ""
+    #: One to three short lines for the notebook's end and the run's index (lessons.Takeaway).
+    takeaway: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return self.text

@@ -89,4 +89,14 @@ def neuron_conclusion(
             *({"what": "offline check", "result": c, "ran": "here, no device"} for c in checks),
         ]
     )
-    return Conclusion(table, figures, "\n".join(lines))
+    takeaway = (
+        ("Compiled and served, the answers match PyTorch's" if same
+         else "Compiled and served, the answers differ from PyTorch's")
+        + f" (largest difference {worst:.1e}, {where.split(',')[0]}).",
+        f"add_sub from concurrency {int(low.concurrency)} to {int(high.concurrency)}: {scaling}"
+        + ("" if on_device else ", a CPU figure, not Inferentia's")
+        + ".",
+        f"{len(checks)} device configs and plans were validated offline; the hardware takes "
+        "over at compile, model load and the vLLM engine.",
+    )  # fmt: skip
+    return Conclusion(table, figures, "\n".join(lines), takeaway)

@@ -131,7 +131,21 @@ def scale_out_conclusion(
     caveat = unsettled({names[k]: frame for k, frame in sweeps.items()})
     if caveat:
         lines.append(caveat)
-    return Conclusion(table, figures, "\n".join(lines))
+    takeaway = (
+        f"At concurrency {c} on {cores} cores: {names['one']} {speed['one']:.1f} infer/s, "
+        f"{names['instances']} {speed['instances']:.1f}, {names['replicas']} "
+        f"{speed['replicas']:.1f}.",
+        f"{count} instances against one: {instances_gain} ({verdict(instances_gain)}); "
+        f"{count} replicas against {count} instances: {versus} ({verdict(versus)}).",
+        (
+            "One host gives replicas no more cores: whatever their edge here, they buy failover"
+            if verdict(versus) == "gain"
+            else f"On one host replicas buy failover, not speed: {count} instances reach "
+            + ("as far" if verdict(versus) == "tie" else "further")
+        )
+        + "; speed comes from more cores or a second machine.",
+    )
+    return Conclusion(table, figures, "\n".join(lines), takeaway)
 
 
 def _threads_line(names: dict[str, str], threads: dict[str, int], count: int, cores: int) -> str:

@@ -115,6 +115,56 @@ def build_command(
     return [*cmd, str(folder)]
 
 
+#: The tutorial's step-2 Dockerfile (triton-inference-server/tutorials,
+#: Quick_Deploy/HuggingFaceTransformers/Dockerfile), as facts: the image it builds FROM and the
+#: packages its one ``RUN pip install`` line pins. torch is not among them: accelerate pulls in
+#: whichever torch PyPI has that day.
+TUTORIAL_BASE_IMAGE = "nvcr.io/nvidia/tritonserver:23.12-py3"
+TUTORIAL_PINS = {
+    "transformers": "4.34.0",
+    "protobuf": "3.20.3",
+    "sentencepiece": "0.1.99",
+    "accelerate": "0.23.0",
+    "einops": "0.6.1",
+}
+
+
+def compare_with_tutorial(docker_dir: str | os.PathLike | None = None):
+    """The tutorial's Dockerfile beside the lab's, as a table: the base image, the Hugging Face
+    cache, the Day Zero variant, and every package either pins (``-`` where one does not).
+
+    The lab's side is read from ``docker/Dockerfile`` and ``docker/requirements.txt``.
+    """
+    import pandas as pd  # noqa: PLC0415 (a notebook's table)
+
+    folder = Path(docker_dir) if docker_dir else DOCKER_DIR
+    dockerfile = (folder / "Dockerfile").read_text(encoding="utf-8")
+    args = dict(re.findall(r"^ARG (\w+)=(\S*)", dockerfile, re.MULTILINE))
+    base = re.search(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    if base is None:
+        raise ConfigError(f"{folder / 'Dockerfile'} has no FROM line")
+    ours_base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), base[1])
+    pins = dict(
+        re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", (folder / "requirements.txt").read_text(),
+                   re.MULTILINE)
+    )  # fmt: skip
+    if "TORCH_VERSION" in args:
+        pins["torch"] = args["TORCH_VERSION"]
+    cache = "HF_HOME (ENV in the image)" if "HF_HOME=" in dockerfile else "not set"
+    rows = [
+        ("base image", TUTORIAL_BASE_IMAGE, ours_base),
+        ("Hugging Face cache", "TRANSFORMERS_CACHE, set in model.py", cache),
+        (
+            "Day Zero transformers",
+            "edit the RUN line: pip install git+https://github.com/huggingface/transformers.git",
+            f"--build-arg {DAY_ZERO_ARG}=<git ref>" if DAY_ZERO_ARG in args else "not offered",
+        ),
+    ]
+    names = sorted(set(TUTORIAL_PINS) | set(pins), key=str.lower)
+    rows += [(n, TUTORIAL_PINS.get(n, "-"), pins.get(n, "-")) for n in names]
+    return pd.DataFrame(rows, columns=["what", "the tutorial's Dockerfile", "docker/Dockerfile"])
+
+
 def _shown(folder: Path) -> Path:
     """``folder`` relative to the current folder when it is inside it (``docker``), else as is."""
     try:

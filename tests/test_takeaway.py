@@ -1,0 +1,159 @@
+"""Every notebook's last word: three lines computed from its figures, shown at its end and kept
+for the run's index. A gain, a tie and a loss read differently in each takeaway."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from test_lesson_scale_out import conclude as scale_out
+from test_lessons import repeats, sweep
+
+from labkit import lab, lessons, report
+from labkit.errors import ConfigError
+from labkit.lessons import Takeaway
+
+
+def test_a_takeaway_is_one_to_three_non_empty_lines():
+    assert str(Takeaway(("a", " b "))) == "a\nb"
+    for bad in [(), ("a", "b", "c", "d"), ("a", "  ")]:
+        with pytest.raises(ConfigError, match="1 to 3 non-empty lines"):
+            Takeaway(bad)
+    assert "<li>x &lt; y</li>" in Takeaway(("x < y",))._repr_html_()
+    with pytest.raises(ConfigError, match="no takeaway"):
+        Takeaway.of(lessons.Conclusion(pd.DataFrame()))
+
+
+def test_setup_says_what_warned_and_whether_the_lab_can_start():
+    checks = pd.DataFrame(
+        {"check": ["python", "docker", "gpu", "perf_analyzer"],
+         "status": ["ok", "warn", "warn", "ok"]}
+    )  # fmt: skip
+    said = lessons.setup_takeaway(checks).lines
+    assert said[0] == "2 of 4 checks passed, 2 warned, 0 failed."
+    assert said[1].startswith("Warned: docker, gpu;")
+    assert said[2] == "Nothing failed: this machine can run the lab's notebooks."
+    failed = lessons.setup_takeaway(checks.assign(status=["fail", "ok", "ok", "ok"])).lines
+    assert failed[0] == "3 of 4 checks passed, 0 warned, 1 failed."
+    assert failed[1].startswith("Nothing warned") and failed[2].startswith("Fix first")
+    assert "python" in failed[2]
+    with pytest.raises(ConfigError, match="doctor.to_frame"):
+        lessons.setup_takeaway(pd.DataFrame())
+
+
+def test_deploy_names_the_ways_that_agreed_and_the_stream():
+    said = lessons.deploy_takeaway(
+        "smollm2", "I am going", " to be a part", ["HTTP infer", "gRPC"], 0.1234, 27.04
+    ).lines
+    assert said == (
+        'Triton served smollm2: "I am going" was answered "to be a part".',
+        "The same answer came back over HTTP infer, gRPC: greedy decoding gives one answer.",
+        "Streamed, the first token came after 0.12 s, then 27.0 tokens/s.",
+    )
+    sampled = lessons.deploy_takeaway("m", "p", "a", ["HTTP generate"], 1, 2, greedy=False)
+    assert "with sampling, answers differ" in sampled.lines[1]
+    with pytest.raises(ConfigError, match="ways of asking"):
+        lessons.deploy_takeaway("m", "p", "a", [], 1, 2)
+
+
+def test_multi_model_tells_a_search_by_words_from_one_by_meaning():
+    docs = ["trains to the airport", "fresh bread every morning"]
+    by_words = lessons.search_conclusion(
+        "a train", pd.DataFrame({"document": docs, "score": [0.39, 0.36]})
+    )
+    by_meaning = lessons.search_conclusion(
+        "breakfast", pd.DataFrame({"document": docs[::-1], "score": [0.5, 0.1]})
+    )
+    said = lessons.multi_model_takeaway(["smollm2", "minilm"], [by_words, by_meaning]).lines
+    assert said[0] == "One server held 2 models (smollm2, minilm)."
+    assert "sharing 'train' with the question" in said[1] and "0.030 ahead" in said[1]
+    assert "sharing no word with the question: found by meaning" in said[2]
+
+
+@pytest.mark.parametrize(
+    ("on_8", "expected"),
+    [(8.0, "x3.20 infer/s"), (2.6, "x1.04 infer/s"), (1.0, "x0.40 infer/s")],
+    ids=["gain", "tie", "loss"],
+)
+def test_batching_takeaway_carries_the_conclusions_ratio(on_8, expected):
+    off = sweep({1: 2.0, 8: 2.5}, {1: 500, 8: 3000})
+    on = sweep({1: 2.0, 8: on_8}, {1: 520, 8: 1200}, batch=5.0)
+    said = lessons.batching_conclusion(off, on, None, sweep_batch=1.9).takeaway
+    assert len(said) == 2
+    assert said[0].startswith(f"At concurrency 8, dynamic batching gave {expected}")
+    assert "5.00 requests per call at concurrency 8, 1.90 over the whole sweep" in said[1]
+
+
+@pytest.mark.parametrize(
+    ("winner_runs", "verdict"),
+    [([7.7, 7.8], "better"), ([5.4, 6.2], "not better beyond the noise"), ([4.0, 4.1], "slower")],
+    ids=["gain", "tie", "loss"],
+)
+def test_analyzer_takeaway_gives_the_verdict(winner_runs, verdict):
+    default, winner = repeats("d", {4: [5.0, 6.0]}), repeats("w", {4: winner_runs})
+    conclusion = lessons.confirm_winner(default, winner, "w")
+    said = conclusion.takeaway
+    assert said[0].endswith(f"against the default, {verdict}.")
+    assert said[2].endswith(f"this host gave {conclusion.figures['winner_vs_default']}.")
+
+
+@pytest.mark.parametrize(
+    ("replicas", "verdict", "last"),
+    [(26.0, "gain", "whatever their edge here"), (28.0, "tie", "2 instances reach as far"),
+     (4.4, "loss", "2 instances reach further")],
+    ids=["gain", "tie", "loss"],
+)  # fmt: skip
+def test_scale_out_takeaway_says_what_replicas_buy(replicas, verdict, last):
+    instances = 15.0 if verdict == "gain" else 30.0
+    said = scale_out(one=20.0, instances=instances, replicas=replicas).takeaway
+    assert said[0].startswith("At concurrency 4 on 2 cores")
+    assert said[1].endswith(f"({verdict}).")
+    assert last in said[2] and "failover" in said[2]
+
+
+def test_the_takeaway_is_kept_for_the_index_and_a_missing_one_is_said(tmp_path):
+    shown = lab.takeaway(tmp_path, ["one", "two"])
+    assert json.loads((tmp_path / report.TAKEAWAY_FILE).read_text()) == ["one", "two"]
+    assert str(shown) == "one\ntwo"
+    results = [
+        report.NotebookResult("00_setup_check.ipynb", "x", "ok", 1.0, takeaway=["one", "two"]),
+        report.NotebookResult("01_deploy_transformer.ipynb", "x", "failed", 2.0),
+    ]
+    index = report.write_index(report.RunReport(tmp_path, results)).read_text()
+    assert "<th>takeaway</th>" in index and "<ol><li>one</li><li>two</li></ol>" in index
+    assert index.count(report.NO_TAKEAWAY) == 1
+
+
+def test_the_tutorials_dockerfile_is_set_beside_the_labs(tmp_path):
+    from labkit.server import image
+
+    (tmp_path / "Dockerfile").write_text(
+        "ARG TRITON_RELEASE=26.06\nFROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3\n"
+        'ARG TORCH_VERSION=2.13.0\nARG TRANSFORMERS_REF=""\nENV HF_HOME=/root/.cache/hf\n'
+    )
+    (tmp_path / "requirements.txt").write_text("# pins\ntransformers==5.24.0\nnumpy==1.26.4\n")
+    table = image.compare_with_tutorial(tmp_path).set_index("what")
+    ours, theirs = table["docker/Dockerfile"], table["the tutorial's Dockerfile"]
+    assert ours["base image"] == "nvcr.io/nvidia/tritonserver:26.06-py3"
+    assert theirs["base image"] == image.TUTORIAL_BASE_IMAGE
+    assert (theirs["transformers"], ours["transformers"]) == ("4.34.0", "5.24.0")
+    assert (theirs["torch"], ours["torch"]) == ("-", "2.13.0")
+    assert (theirs["einops"], ours["einops"]) == ("0.6.1", "-")
+    assert ours["Day Zero transformers"] == "--build-arg TRANSFORMERS_REF=<git ref>"
+    assert ours["Hugging Face cache"].startswith("HF_HOME")
+    assert theirs["Hugging Face cache"].startswith("TRANSFORMERS_CACHE")
+    # the lab's own Dockerfile reads too, with the release the settings name
+    from labkit.settings import TRITON_RELEASE
+
+    shipped = image.compare_with_tutorial().set_index("what")["docker/Dockerfile"]
+    assert shipped["base image"] == f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-py3"
+
+
+@pytest.mark.integration
+def test_the_labkit_command_runs_in_the_kernels_python_and_names_its_failure():
+    from labkit.errors import ToolError
+
+    assert lab.labkit_command("image", "build", "--dry-run").startswith("docker build -t ")
+    with pytest.raises(ToolError, match="invalid choice"):
+        lab.labkit_command("no-such-command")
