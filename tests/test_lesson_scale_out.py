@@ -116,3 +116,36 @@ def test_sweeps_with_no_common_level_are_refused():
             sweep(ONE, {1: 1.0}, {1: 1}), sweep(INSTANCES, {4: 1.0}, {4: 1}),
             sweep(REPLICAS, {4: 1.0}, {4: 1}),
         )  # fmt: skip
+
+
+def test_rounds_that_spread_wider_than_the_gain_rule_make_the_tie_wider_and_say_so():
+    # x0.81 is a loss under the x1.20 rule, a tie where one configuration's rounds spread by 33%
+    assert conclude(20.0, 30.0, 24.3).figures["replicas_vs_instances_verdict"] == "loss"
+    lesson = conclude(20.0, 30.0, 24.3, rounds=3, spread=0.33)
+    assert lesson.figures["replicas_vs_instances_verdict"] == "tie"
+    assert lesson.figures["rounds_spread"] == 0.33
+    assert "measured 3 times, the three taken in turns" in lesson.text
+    assert "a ratio counts only beyond x1.33 either way" in lesson.text
+    # a gain beyond the wider limit is still a gain
+    assert (
+        conclude(20.0, 30.0, 41.0, rounds=3, spread=0.33).figures["replicas_vs_instances_verdict"]
+        == "gain"
+    )
+
+
+def test_each_configurations_figure_is_its_median_round_and_the_spread_its_widest():
+    from labkit.cluster.scale import ScaleOut, _median_round
+
+    rounds = [sweep(ONE, {4: t}, {4: p}).assign(round=r)
+              for r, (t, p) in enumerate([(30.0, 100), (18.0, 300), (24.0, 200)], start=1)]  # fmt: skip
+    median = _median_round(rounds)
+    assert (median.loc[0, "throughput"], median.loc[0, "p99_ms"], median.loc[0, "round"]) == (
+        24.0,
+        200,
+        3,
+    )
+    one = pd.concat(rounds)
+    scale = ScaleOut(median, median, median, THREADS, {ONE: 1}, 2, 0.5, one)
+    assert scale.round_count == 3
+    assert scale.spread() == pytest.approx((30.0 - 18.0) / 24.0)
+    assert ScaleOut(median, median, median, THREADS, {ONE: 1}, 2, 0.5).spread() == 0.0

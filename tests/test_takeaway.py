@@ -157,3 +157,15 @@ def test_the_labkit_command_runs_in_the_kernels_python_and_names_its_failure():
     assert lab.labkit_command("image", "build", "--dry-run").startswith("docker build -t ")
     with pytest.raises(ToolError, match="invalid choice"):
         lab.labkit_command("no-such-command")
+
+
+def test_a_search_that_kept_the_default_is_said_to_measure_the_noise_not_a_winner():
+    same = repeats("d", {4: [5.0, 6.0]})
+    conclusion = lessons.confirm_winner(same, repeats("w", {4: [5.2, 5.9]}), "m_config_default")
+    assert conclusion.text.startswith("Model Analyzer ranked the default configuration")
+    assert "this host's noise" in conclusion.text and "winner" not in conclusion.text
+    assert conclusion.takeaway[0].startswith("Model Analyzer kept the default (m_config_default)")
+
+
+def test_a_takeaway_reads_as_numbered_lines_in_text():
+    assert repr(Takeaway(("a", "b"))) == "Takeaway:\n1. a\n2. b"

@@ -79,9 +79,25 @@ def confirm_winner(
         f"{Ratio(TUTORIAL_ANALYZER['winner_infer_s'] / TUTORIAL_ANALYZER_DEFAULT, 'infer/s')}). "
         + _cores_used(instances, threads, cores or os.cpu_count() or 1)
     )
+    if is_default(name):
+        # The search kept the default: measuring it twice shows this host's noise, no gain.
+        text = (
+            f"Model Analyzer ranked the default configuration ({name}) first: no candidate beat "
+            f"it. Measured twice more, it gave {per_level}: the difference between two "
+            "measurements of the same configuration, this host's noise. "
+            + _cores_used(instances, threads, cores or os.cpu_count() or 1)
+        )
+        first = (
+            f"Model Analyzer kept the default ({name}): measured twice, it gave "
+            f"{figures['winner_vs_default']} against itself, this host's noise."
+        )
+    else:
+        first = (
+            f"Model Analyzer's winner, {name}, measured again: {figures['winner_vs_default']} "
+            f"against the default, {overall}."
+        )
     takeaway = (
-        f"Model Analyzer's winner, {name}, measured again: {figures['winner_vs_default']} against "
-        f"the default, {overall}.",
+        first,
         "Per level: "
         + "; ".join(
             f"{Ratio(r['winner / default'], 'infer/s')} at {int(r['concurrency'])}" for r in rows
@@ -92,6 +108,11 @@ def confirm_winner(
         f"for {TUTORIAL_ANALYZER['winner']}; this host gave {figures['winner_vs_default']}.",
     )
     return Conclusion(table, figures, text, takeaway)
+
+
+def is_default(name: str) -> bool:
+    """Whether Model Analyzer's configuration ``name`` is the model's own (``<model>_config_default``)."""
+    return name.endswith("_config_default")
 
 
 def _cores_used(instances: tuple[int, int] | None, threads: int | None, cores: int) -> str:

@@ -3,7 +3,8 @@
 Three sweeps of the same model on the same cores (:func:`labkit.cluster.compare_scale_out`): one
 server with one instance, one server with N instances, N replicas behind HAProxy. The words
 compare them at the highest concurrency all three measured; a ratio within :data:`GAIN` either
-way is called a tie, within the noise.
+way (or within the spread of repeated rounds, where that is wider) is called a tie, within the
+noise.
 """
 
 from __future__ import annotations
@@ -29,13 +30,20 @@ def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
     return float(rows.iloc[0][column]) if len(rows) else math.nan
 
 
-def verdict(ratio: Ratio) -> str:
-    """``gain``, ``loss`` or ``tie`` (within ``GAIN`` either way, or not measured)."""
-    if ratio.value >= GAIN:
+def verdict(ratio: Ratio, spread: float = 0.0) -> str:
+    """``gain``, ``loss`` or ``tie`` (not measured, or within :func:`tie_limit` either way)."""
+    limit = tie_limit(spread)
+    if ratio.value >= limit:
         return "gain"
-    if ratio.value <= 1 / GAIN:
+    if ratio.value <= 1 / limit:
         return "loss"
     return "tie"
+
+
+def tie_limit(spread: float = 0.0) -> float:
+    """The ratio a difference must pass to count: :data:`GAIN`, or more where the repeated
+    measurements of one configuration spread further (``spread``, a fraction of their median)."""
+    return max(GAIN, 1 + spread)
 
 
 def scale_out_conclusion(
@@ -47,6 +55,8 @@ def scale_out_conclusion(
     threads: dict[str, int] | None = None,
     cores: int | None = None,
     load_average: float | None = None,
+    rounds: int = 1,
+    spread: float = 0.0,
 ) -> Conclusion:
     """One instance, ``count`` instances in one server, ``count`` replicas: what each gained.
 
@@ -54,6 +64,9 @@ def scale_out_conclusion(
     them; a ``compute_infer_ms`` column, the server's compute per request, explains a gain);
     ``threads`` maps those names to the torch threads of each instance; ``cores`` is this host's
     (by default, the cores this process may use); ``load_average`` the host's while measuring.
+    ``rounds`` is how many times each configuration was measured, taken in turns (the sweeps are
+    each one's median round), and ``spread`` the widest spread of one configuration's rounds, as
+    a fraction of its median: a difference within it is a tie.
     """
     sweeps = {"one": one, "instances": instances, "replicas": replicas}
     levels = sorted(
@@ -89,7 +102,7 @@ def scale_out_conclusion(
         "instances_vs_one": instances_gain,
         "replicas_vs_one": replicas_gain,
         "replicas_vs_instances": versus,
-        "replicas_vs_instances_verdict": verdict(versus),
+        "replicas_vs_instances_verdict": verdict(versus, spread),
     }
     lines = [
         f"At concurrency {c}, on the same {cores} cores: {names['one']} served "
@@ -97,19 +110,27 @@ def scale_out_conclusion(
         f"{speed['instances']:.1f} (p99 {p99['instances']:.0f} ms); {names['replicas']} "
         f"{speed['replicas']:.1f} (p99 {p99['replicas']:.0f} ms)."
     ]
+    if rounds > 1:
+        lines.append(
+            f"Each configuration was measured {rounds} times, the three taken in turns so that a "
+            "busier moment of the host falls on all of them; these are each one's median round. "
+            f"One configuration's rounds spread by up to {spread:.0%} of its median, so a ratio "
+            f"counts only beyond x{tie_limit(spread):.2f} either way."
+        )
+        figures["rounds_spread"] = round(spread, 3)
     if threads and all(name in threads for name in names.values()):
         lines.append(_threads_line(names, threads, count, cores))
     compute = {k: _at(f, c, "compute_infer_ms") if "compute_infer_ms" in f else math.nan
                for k, f in sweeps.items()}  # fmt: skip
     one_threads = threads.get(names["one"]) if threads else None
-    lines.append(_instances_line(instances_gain, count, one_threads, cores, compute))
-    lines.append(_replicas_line(versus, versus_p99, count))
+    lines.append(_instances_line(instances_gain, count, one_threads, cores, compute, spread))
+    lines.append(_replicas_line(versus, versus_p99, count, spread))
     lines.append(
         f"Against one server with one instance, the replicas gave {replicas_gain}: "
-        + SAID[verdict(replicas_gain)]
+        + SAID[verdict(replicas_gain, spread)]
         + "."
     )
-    if verdict(versus) == "gain":
+    if verdict(versus, spread) == "gain":
         said = (
             "Whatever the replicas' edge here, it is not more cores: one host has no more to give."
         )
@@ -135,13 +156,13 @@ def scale_out_conclusion(
         f"At concurrency {c} on {cores} cores: {names['one']} {speed['one']:.1f} infer/s, "
         f"{names['instances']} {speed['instances']:.1f}, {names['replicas']} "
         f"{speed['replicas']:.1f}.",
-        f"{count} instances against one: {instances_gain} ({verdict(instances_gain)}); "
-        f"{count} replicas against {count} instances: {versus} ({verdict(versus)}).",
+        f"{count} instances against one: {instances_gain} ({verdict(instances_gain, spread)}); "
+        f"{count} replicas against {count} instances: {versus} ({verdict(versus, spread)}).",
         (
             "One host gives replicas no more cores: whatever their edge here, they buy failover"
-            if verdict(versus) == "gain"
+            if verdict(versus, spread) == "gain"
             else f"On one host replicas buy failover, not speed: {count} instances reach "
-            + ("as far" if verdict(versus) == "tie" else "further")
+            + ("as far" if verdict(versus, spread) == "tie" else "further")
         )
         + "; speed comes from more cores or a second machine.",
     )
@@ -173,15 +194,20 @@ def _threads_line(names: dict[str, str], threads: dict[str, int], count: int, co
 
 
 def _instances_line(
-    gain: Ratio, count: int, one_threads: int | None, cores: int, compute: dict[str, float]
+    gain: Ratio,
+    count: int,
+    one_threads: int | None,
+    cores: int,
+    compute: dict[str, float],
+    spread: float = 0.0,
 ) -> str:
     said = f"{count} instances in one server gave {gain} over one"
-    if verdict(gain) == "tie":
+    if verdict(gain, spread) == "tie":
         return (
-            f"{said}: a tie, within the noise (under x{GAIN:.2f} either way): one instance "
+            f"{said}: a tie, within the noise (under x{tie_limit(spread):.2f} either way): one instance "
             "already kept the cores as busy as they get."
         )
-    if verdict(gain) == "loss":
+    if verdict(gain, spread) == "loss":
         return (
             f"{said}: less than one, beyond the noise: sharing the cores cost more than the "
             "extra instances brought."
@@ -203,13 +229,13 @@ def _instances_line(
     )
 
 
-def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int) -> str:
+def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float = 0.0) -> str:
     said = (
         f"{count} replicas behind HAProxy gave {versus} against {count} instances in one server "
         f"(p99 {versus_p99})"
     )
     return {
-        "gain": f"{said}: more, beyond x{GAIN:.2f}, on the same cores. Not from more cores: "
+        "gain": f"{said}: more, beyond x{tie_limit(spread):.2f}, on the same cores. Not from more cores: "
         "from what surrounds the model (each replica has its own Triton front end and "
         "scheduler, where the instances share one), or from the host's load changing between "
         "the measurements; measuring again tells which.",
@@ -217,4 +243,4 @@ def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int) -> str:
         "with a server of its own around it.",
         "loss": f"{said}: less, beyond the noise: the same cores did the same work, plus a "
         "second server's threads and the balancer's hop.",
-    }[verdict(versus)]
+    }[verdict(versus, spread)]

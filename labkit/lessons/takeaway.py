@@ -21,7 +21,7 @@ from labkit.lessons.conclusion import Conclusion
 MAX_LINES = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Takeaway:
     """One to three lines, each a sentence a learner can keep."""
 
@@ -37,6 +37,9 @@ class Takeaway:
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
+
+    def __repr__(self) -> str:  # a notebook's text output
+        return "Takeaway:\n" + "\n".join(f"{i}. {line}" for i, line in enumerate(self.lines, 1))
 
     def _repr_html_(self) -> str:
         items = "".join(f"<li>{html.escape(line)}</li>" for line in self.lines)
