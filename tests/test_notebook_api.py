@@ -63,3 +63,10 @@ def test_a_notebook_ends_on_its_takeaway_with_only_the_stop_after_it(notebook):
     assert len(said) == 1, f"{notebook.name}: {len(said)} cells call lab.takeaway"
     after = sources[said[0] + 1 :]
     assert all(s.startswith("server.stop()") for s in after), (notebook.name, after)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_notebook_records_headline_figures_for_the_index(notebook):
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert "lab.record(" in code, f"{notebook.name} records no figures: its index row is empty"
