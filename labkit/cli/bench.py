@@ -83,7 +83,7 @@ def _register_inflight(kinds) -> None:
     d = llm_serving.StudySettings()
     p = kinds.add_parser(
         "inflight",
-        help="no batching, dynamic batching and in-flight batching, in tokens (AIPerf)",
+        help="no batching, dynamic batching, in-flight batching and vLLM, in tokens (AIPerf)",
         description="One server, one run: the same workloads against every scheduler of the "
         "text model, measured with AIPerf (TTFT, ITL, tokens/s), then the in-process limit and "
         "float32 against bfloat16. The full matrix takes long on 2 cores; --concurrency 8 "
@@ -92,7 +92,16 @@ def _register_inflight(kinds) -> None:
     p.add_argument("--model-repository", default="model_repository", help="source model repository")
     p.add_argument("--model", default=d.model, help="plain model folder (default: %(default)s)")
     p.add_argument("--inflight-model", default=d.inflight_model, help="in-flight model folder")
-    p.add_argument("--scheduler", type=_names, default=d.schedulers, help="none,dynamic,inflight")
+    p.add_argument("--vllm-model", default=d.vllm_model, help="vLLM model folder")
+    p.add_argument(
+        "--scheduler", type=_names, default=d.schedulers, help="none,dynamic,inflight,vllm"
+    )
+    p.add_argument(
+        "--no-standalone",
+        action="store_true",
+        help="with vllm, skip vLLM's own OpenAI server on the same settings (the reference)",
+    )
+    p.add_argument("--standalone-cores", help="pin that reference to these cores (taskset -c)")
     p.add_argument("--workload", type=_names, default=d.workloads, help="fixed16,mixed")
     p.add_argument("--clients", choices=["both", "stream", "whole"], default="both",
                    help="streaming clients, non-streaming (whole answer) clients, or both")  # fmt: skip
@@ -136,6 +145,9 @@ def _cli_inflight(args) -> int:
     settings = llm_serving.StudySettings(
         model=args.model,
         inflight_model=args.inflight_model,
+        vllm_model=args.vllm_model,
+        standalone=not args.no_standalone,
+        standalone_cores=args.standalone_cores,
         schedulers=args.scheduler,
         workloads=args.workload,
         streaming={"both": (True, False), "stream": (True,), "whole": (False,)}[args.clients],

@@ -10,6 +10,8 @@ TARGETS = {
     "inflight_ttft_p99_vs_dynamic_c8_mixed": ("<=", 0.33),
     "inflight_ttft_p50_s_c4_streaming": ("<=", 1.0),
     "inflight_served_vs_limit_c8_mixed": (">=", 0.8),
+    "vllm_served_vs_standalone_c8_mixed": (">=", 0.9),
+    "vllm_vs_inflight_output_tokens_per_s_c8_mixed": (">=", 1.5),
     "failed_requests": ("==", 0),
 }
 
@@ -53,6 +55,15 @@ def ratios(rows: list[dict], limit: dict, concurrency: int = 8) -> dict:
         out[f"inflight_served_vs_limit_c{c}_mixed{suffix}"] = ratio(
             get(inflight, "output_tokens_per_s"),
             limit.get("mixed", {}).get("output_tokens_per_s"),
+        )
+        served, standalone = (
+            _pick(rows, k, "mixed", streams, c) for k in ("vllm", "vllm-standalone")
+        )
+        out[f"vllm_served_vs_standalone_c{c}_mixed{suffix}"] = ratio(
+            get(served, "output_tokens_per_s"), get(standalone, "output_tokens_per_s")
+        )
+        out[f"vllm_vs_inflight_output_tokens_per_s_c{c}_mixed{suffix}"] = ratio(
+            get(served, "output_tokens_per_s"), get(inflight, "output_tokens_per_s")
         )
     c4 = _pick(rows, "inflight", "fixed16", True, 4) or _pick(rows, "inflight", "mixed", True, 4)
     out["inflight_ttft_p50_s_c4_streaming"] = (

@@ -1,22 +1,25 @@
 """The ways the lab serves its text model, and the settings of a study that compares them.
 
 Each way (a *scheduler*) is a model folder in the run's repository copy: ``none`` (one request at
-a time), ``dynamic`` (Triton's dynamic batcher, ``max_batch_size`` + ``dynamic_batching {}``) and
-``inflight`` (the model's own in-flight engine). A fourth way is one more name in
-:data:`SCHEDULERS` and one more branch in :func:`write_scheduler_folders`.
+a time), ``dynamic`` (Triton's dynamic batcher, ``max_batch_size`` + ``dynamic_batching {}``),
+``inflight`` (the model's own in-flight engine) and ``vllm`` (the same checkpoint on vLLM's engine,
+``smollm2_vllm``, in its own environment). Another way is one more name in :data:`SCHEDULERS` and
+one more branch in :func:`write_scheduler_folders`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from labkit import profiling
-from labkit.errors import ConfigError
+from labkit.errors import ConfigError, MissingDependencyError
 from labkit.repository import Repository, apply_edits, prepare_repository
+from labkit.repository.folder import EXECUTION_ENV_PATH
 from labkit.repository.textgen import serving_threads
 
 #: The ways the lab serves its text model, in the order a study measures them.
-SCHEDULERS = ("none", "dynamic", "inflight")
+SCHEDULERS = ("none", "dynamic", "inflight", "vllm")
 #: The study's workloads: answers of a fixed 16 tokens, and lengths drawn from a range.
 WORKLOADS = ("fixed16", "mixed")
 
@@ -27,6 +30,9 @@ class StudySettings:
 
     model: str = "smollm2"  # the plain folder: no batching, and the base of dynamic batching
     inflight_model: str = "smollm2_inflight"  # the in-flight folder (its limits are measured)
+    vllm_model: str = "smollm2_vllm"  # the vLLM folder (its environment: .venv-vllm)
+    standalone: bool = True  # with vllm: vLLM's own OpenAI server on the same settings, measured
+    standalone_cores: str | None = None  # pin that reference (taskset -c), e.g. "0"
     schedulers: tuple[str, ...] = SCHEDULERS
     workloads: tuple[str, ...] = WORKLOADS
     streaming: tuple[bool, ...] = (True, False)
@@ -59,6 +65,20 @@ class StudySettings:
         if not self.streaming:
             raise ConfigError("choose streaming clients, non-streaming clients, or both")
         return self
+
+
+def check_vllm_environment(repo: Repository, model: str) -> None:
+    """Refuse, before anything is measured, a vLLM model whose environment is missing."""
+    if model not in repo.models():
+        raise ConfigError(f"the vllm scheduler serves {model!r}, which {repo.path} does not hold")
+    env = repo.config(model).parameters.get(EXECUTION_ENV_PATH)
+    folder = env.string_value if env is not None else ""
+    if not folder or not (Path(folder) / "bin" / "python").exists():
+        raise MissingDependencyError(
+            f"the vllm scheduler needs {model}'s environment ({folder or 'none named'}): run "
+            "`make install` to create .venv-vllm, or leave vllm out (--scheduler "
+            "none,dynamic,inflight)"
+        )
 
 
 def workload(name: str, s: StudySettings) -> profiling.Workload:
@@ -102,5 +122,8 @@ def write_scheduler_folders(repo: Repository, s: StudySettings) -> dict[str, dic
             s.inflight_model, apply_edits(repo.config(s.inflight_model), parameters=params)
         )
     names["inflight"] = {False: s.inflight_model, True: s.inflight_model}
+    if "vllm" in s.schedulers:
+        check_vllm_environment(repo, s.vllm_model)
+        names["vllm"] = {False: s.vllm_model, True: s.vllm_model}
     prepare_repository(repo.path)
     return names

@@ -22,6 +22,7 @@ from . import figures
 from .inprocess import inprocess_figures
 from .measure import compare_schedulers, light_client, reference_answers, served_answers
 from .schedulers import StudySettings, workload, write_scheduler_folders
+from .standalone import measure_standalone
 
 #: The file a study writes into its run folder.
 RESULT_NAME = "inflight"
@@ -126,6 +127,8 @@ def run(
             server, names, workloads, s, progress=progress, then=check_answers
         )
         result.load_average_after_serving = [round(x, 2) for x in os.getloadavg()]
+    if "vllm" in s.schedulers and s.standalone:  # with Triton stopped: the cores are its alone
+        result.rows += measure_standalone(run_dir, repo, workloads, s, progress=progress)
     result.limit, result.precision = inprocess_figures(repo, s, workloads)
     result.ratios = figures.ratios(result.rows, result.limit)
     if result.light_client and "mixed" in result.limit:

