@@ -2,6 +2,8 @@
 
 - :func:`host_memory` (psutil), :func:`gpu_memory` and :func:`gpus` (``nvidia-smi``),
   :func:`gpu_memory_by_pid`, :func:`device_memory`;
+- :func:`usable_cores`, :func:`split_cores` (a benchmark's server and client apart),
+  :func:`pinned` (this process on some cores for a block);
 - :func:`detect_neuron` (``neuron-ls --json-output``, else the ``/dev/neuron*`` devices).
 
 Every ``nvidia-smi`` call goes through :func:`nvidia_smi`.
@@ -9,12 +11,14 @@ Every ``nvidia-smi`` call goes through :func:`nvidia_smi`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import platform
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,56 @@ def host_facts() -> dict:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "machine": platform.machine(),
     }
+
+
+def usable_cores() -> tuple[int, ...]:
+    """The CPU cores this process may run on, in order."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def split_cores(cores: tuple[int, ...] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(server, client)``: a benchmark's server on every usable core but the last, its load
+    generator on the last, so that the two do not take turns on one core (on 2 cores AIPerf took
+    30-42% of the machine). Raises :class:`ConfigError` with fewer than two cores."""
+    cores = usable_cores() if cores is None else tuple(cores)
+    if len(cores) < 2:
+        raise ConfigError(
+            f"pinning a server and its client apart needs two cores; this process has {len(cores)}"
+            " (measure unpinned instead)"
+        )
+    return cores[:-1], cores[-1:]
+
+
+def format_cores(cores: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``, as ``taskset -c`` writes them."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+@contextlib.contextmanager
+def pinned(cores: tuple[int, ...] | None) -> Iterator[None]:
+    """Run every thread of this process on ``cores`` for the block (threads started inside it
+    inherit that), then give each thread back the cores it had. ``None``: no change."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    _set_thread_affinity(set(cores))
+    try:
+        yield
+    finally:
+        _set_thread_affinity(before)
+
+
+def _set_thread_affinity(cores: set[int]) -> None:
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import http.client
 import logging
 import os
@@ -15,7 +16,7 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 
 from labkit.errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
@@ -31,11 +32,13 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike | None = None,
     check: bool = True,
+    cores: Collection[int] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run a command (an argument list, never a shell string) and return its completed process.
 
-    Raises :class:`ToolError` with the command's own stderr when it fails, and
-    :class:`ToolTimeoutError` when it runs past ``timeout_s`` (the process group is killed).
+    ``cores`` pins the command (and what it starts) to those CPU cores. Raises
+    :class:`ToolError` with the command's own stderr when it fails, and :class:`ToolTimeoutError`
+    when it runs past ``timeout_s`` (the process group is killed).
     """
     argv = [os.fspath(a) for a in args]
     shown = redact(" ".join(argv))
@@ -49,6 +52,7 @@ def run(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=None if cores is None else functools.partial(_pin, frozenset(cores)),
         )
     except FileNotFoundError as exc:
         raise MissingDependencyError(f"command not found: {argv[0]!r} ({shown})") from exc
@@ -123,9 +127,23 @@ def set_parent_death_signal() -> None:
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def spawn(args: Sequence[str | os.PathLike], **popen_kwargs) -> subprocess.Popen:
+def _pin(cores: frozenset[int]) -> None:
+    """In a child, as ``preexec_fn``: run on ``cores`` only (children inherit it)."""
+    os.sched_setaffinity(0, cores)
+
+
+def _in_child(cores: frozenset[int] | None) -> None:
+    set_parent_death_signal()
+    if cores is not None:
+        _pin(cores)
+
+
+def spawn(
+    args: Sequence[str | os.PathLike], *, cores: Collection[int] | None = None, **popen_kwargs
+) -> subprocess.Popen:
     """Start a long-running child (a server, a load balancer) in its own session, set to receive
-    SIGTERM when this process dies, and return it.
+    SIGTERM when this process dies, and return it. ``cores`` pins it, and every process it starts,
+    to those CPU cores.
 
     Linux ties PR_SET_PDEATHSIG to the *thread* that forked the child, not to the process: a
     server started from a worker thread got SIGTERM as soon as that thread ended (a cluster's
@@ -134,7 +152,8 @@ def spawn(args: Sequence[str | os.PathLike], **popen_kwargs) -> subprocess.Popen
     thread asks. ``popen_kwargs`` go to :class:`subprocess.Popen`; its errors are raised here.
     """
     future: Future[subprocess.Popen] = Future()
-    _launcher().put(([os.fspath(a) for a in args], popen_kwargs, future))
+    pinned = None if cores is None else frozenset(cores)
+    _launcher().put(([os.fspath(a) for a in args], pinned, popen_kwargs, future))
     try:
         return future.result()
     except BaseException as exc:
@@ -169,12 +188,15 @@ def _launcher() -> queue.SimpleQueue:
 
 def _launch_forever(requests: queue.SimpleQueue) -> None:
     while True:
-        args, popen_kwargs, future = requests.get()
+        args, cores, popen_kwargs, future = requests.get()
         if not future.set_running_or_notify_cancel():
             continue
         try:
             child = subprocess.Popen(
-                args, start_new_session=True, preexec_fn=set_parent_death_signal, **popen_kwargs
+                args,
+                start_new_session=True,
+                preexec_fn=functools.partial(_in_child, cores),
+                **popen_kwargs,
             )
         except BaseException as exc:  # noqa: BLE001 (raised in the thread that asked)
             future.set_exception(exc)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_inflight import add_tiny, build_tiny_llama
 
-from labkit import cli, llm_serving, profiling
+from labkit import cli, hardware, llm_serving, profiling
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.profiling import aiperf as aiperf_module
 
@@ -162,6 +162,9 @@ def test_bench_inflight_writes_rows_limit_ratios_and_host(tmp_path, capsys, own_
     assert result["answers"]["equal_streaming"] == result["answers"]["compared"]
     host = result["host"]
     assert host["cores"] >= 1 and len(host["load_average_start"]) == 3 and host["cpu_model"]
+    if len(hardware.usable_cores()) >= 2:  # pinned by default: the server's cores, then AIPerf's
+        server, client = (hardware.format_cores(c) for c in hardware.split_cores())
+        assert (host["server_cores"], host["client_cores"]) == (server, client)
     assert "precision" in result and result["precision"]["float32"]["equal_alone"] > 0
     assert "inflight_vs_dynamic_output_tokens_per_s_c8_mixed" in capsys.readouterr().out
     assert sorted(p.name for p in source.iterdir()) == before  # the source is never changed

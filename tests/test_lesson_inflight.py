@@ -117,11 +117,32 @@ def test_repeats_give_a_noise_band_instead_of_the_single_measurement_rule():
 
 def test_an_unknown_way_is_compared_under_its_own_name():
     rows = [row("dynamic", 20.0, 900, 100), row("inflight", 40.0, 300, 95),
-            row("vllm", 50.0, 200, 60)]  # fmt: skip
+            row("sglang", 50.0, 200, 60)]  # fmt: skip
     conclusion = lessons.inflight_conclusion(study(rows))
-    assert "against vllm's 50.0, x0.80 output tokens/s, a loss" in conclusion.text
-    assert "vllm" in conclusion.table.columns
-    assert "inflight_vs_vllm_output_tokens_per_s" in conclusion.figures
+    assert "against sglang's 50.0, x0.80 output tokens/s, a loss" in conclusion.text
+    assert "sglang" in conclusion.table.columns
+    assert "inflight_vs_sglang_output_tokens_per_s" in conclusion.figures
+
+
+@pytest.mark.parametrize(
+    ("served", "words"),
+    [
+        (130.0, "130 (x1.22 output tokens/s), more than its own server: both run the same"),
+        (100.0, "100 (x0.94 output tokens/s), about as much as its own server"),
+        (80.0, "80.0 (x0.75 output tokens/s), less than its own server: Triton's Python backend"
+               " cost 25%"),
+    ],
+)  # fmt: skip
+def test_vllm_in_triton_is_put_beside_vllms_own_server_as_a_gain_a_tie_or_a_loss(served, words):
+    rows = [row("inflight", 40.0, 300, 95), row("vllm", served, 150, 50),
+            row("vllm-standalone", 106.2, 170, 60)]  # fmt: skip
+    conclusion = lessons.inflight_conclusion(study(rows))
+    assert "against vLLM in Triton's" in conclusion.text
+    own = "vLLM's own OpenAI server, on the same cores with the same engine settings, made 106"
+    assert own in conclusion.text
+    assert f"vLLM in Triton made {words}" in conclusion.text
+    assert "vllm_in_triton_vs_standalone_output_tokens_per_s" in conclusion.figures
+    assert "vLLM's own server" in conclusion.table.columns
 
 
 def test_the_served_figure_is_put_beside_the_in_process_limit():

@@ -363,6 +363,29 @@ def test_spawn_raises_a_missing_program_in_the_asking_thread_and_goes_on_launchi
     assert out.strip() == "True"  # a session of its own: stop() ends the whole group
 
 
+@pytest.mark.integration
+def test_spawn_and_run_pin_a_child_and_what_it_starts_to_the_cores_asked(tmp_path):
+    from labkit import proc
+    from labkit.hardware import pinned, usable_cores
+
+    last = usable_cores()[-1]
+    grandchild = (
+        "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), "
+        "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],"
+        " capture_output=True, text=True).stdout.strip())"
+    )
+    child = proc.spawn([sys.executable, "-c", grandchild], cores=[last], stdout=subprocess.PIPE,
+                       text=True)  # fmt: skip
+    out, _ = child.communicate(timeout=60)
+    assert out.split() == [f"[{last}]", f"[{last}]"]
+    ran = proc.run([sys.executable, "-c", grandchild], timeout_s=60, cores=[last])
+    assert ran.stdout.split() == [f"[{last}]", f"[{last}]"]
+    before = usable_cores()
+    with pinned((last,)):
+        assert usable_cores() == (last,)
+    assert usable_cores() == before
+
+
 FAILING_MODEL = """
 import triton_python_backend_utils as pb_utils
 

@@ -4,8 +4,12 @@ and the ratios against the standalone reference and the in-flight model are comp
 
 from __future__ import annotations
 
+import json
+
+import psutil
 import pytest
 
+from labkit import cli, hardware, profiling
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.llm_serving import figures, schedulers, standalone
 from labkit.repository import Repository
@@ -84,9 +88,95 @@ def test_the_bench_command_takes_the_vllm_options():
     from labkit.cli import build_parser
 
     args = build_parser().parse_args(
-        ["bench", "inflight", "--scheduler", "inflight,vllm", "--standalone-cores", "0",
-         "--no-standalone"]
-    )  # fmt: skip
+        ["bench", "inflight", "--scheduler", "inflight,vllm", "--no-pin", "--no-standalone"]
+    )
     assert args.scheduler == ("inflight", "vllm")
-    assert (args.standalone_cores, args.no_standalone) == ("0", True)
+    assert (args.no_pin, args.no_standalone) == (True, True)
     assert "vllm" in schedulers.SCHEDULERS
+    default = build_parser().parse_args(["bench", "inflight"])
+    assert (default.no_pin, default.no_standalone) == (False, False)
+
+
+def test_a_study_pins_its_servers_and_aiperf_apart_when_the_host_has_two_cores(monkeypatch):
+    from labkit import hardware
+
+    assert hardware.split_cores((0, 1)) == ((0,), (1,))
+    assert hardware.split_cores((0, 1, 2, 3)) == ((0, 1, 2), (3,))
+    with pytest.raises(ConfigError, match="needs two cores; this process has 1"):
+        hardware.split_cores((0,))
+    assert [hardware.format_cores(c) for c in ((0,), (0, 1, 2, 5), (3, 1))] == ["0", "0-2,5", "1,3"]
+    monkeypatch.setattr(hardware, "usable_cores", lambda: (0, 1))
+    assert schedulers.StudySettings().check().cores() == ((0,), (1,))  # by default, when it can
+    assert schedulers.StudySettings(pin=False).check().cores() == (None, None)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: (0,))
+    assert schedulers.StudySettings().check().cores() == (None, None)
+    with pytest.raises(ConfigError, match="measure unpinned"):
+        schedulers.StudySettings(pin=True).check()
+
+
+def _vllm_processes() -> list[str]:
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        text = " ".join([p.info["name"] or "", *(p.info["cmdline"] or [])])
+        if "VLLM::" in text or "vllm.entrypoints" in text or "smollm2_vllm" in text:
+            found.append(text[:120])
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_bench_inflight_serves_vllm_in_triton_beside_its_own_server_pinned(tmp_path, capsys):
+    """The same checkpoint on vLLM through Triton and on vLLM's own OpenAI server, both measured
+    by AIPerf on the same workload, each pinned apart from AIPerf; float32 answers under load
+    equal the plain model's alone; nothing of either server is left running."""
+    profiling.locate_aiperf()  # the suite installs it: missing is a failure, not a skip
+    before = _vllm_processes()
+    out = tmp_path / "figures.json"
+    args = ["bench", "inflight", "--model-repository", str(project_root() / "model_repository"),
+            "--scheduler", "vllm", "--workload", "mixed", "--clients", "stream",
+            "--concurrency", "2", "--requests", "4", "--no-precision",
+            "--run-dir", str(tmp_path / "run"), "--json", str(out)]  # fmt: skip
+    assert cli.main(args) == 0
+    result = json.loads(out.read_text())
+    rows = {(r["scheduler"], r["concurrency"]): r for r in result["rows"]}
+    assert set(rows) == {("vllm", 2), ("vllm-standalone", 2)}
+    for r in rows.values():
+        assert r["failed"] == 0 and r["requests"] == 4 and r["output_tokens_per_s"] > 0
+        assert r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0
+    answers = result["vllm_answers"]["vllm"]
+    assert answers["equal_nonstreaming"] == answers["equal_streaming"] == answers["compared"] > 0
+    served_over_own = figures.ratios(result["rows"], result["limit"], concurrency=2)
+    assert served_over_own["vllm_served_vs_standalone_c2_mixed"] == figures.ratio(
+        rows["vllm", 2]["output_tokens_per_s"], rows["vllm-standalone", 2]["output_tokens_per_s"]
+    )
+    server, client = hardware.split_cores()
+    assert (result["host"]["server_cores"], result["host"]["client_cores"]) == (
+        hardware.format_cores(server), hardware.format_cores(client))  # fmt: skip
+    log = (tmp_path / "run" / "vllm-standalone-smollm2_vllm.log").read_text()
+    assert "--served-model-name" in log.splitlines()[0]  # the command it ran, then its output
+    printed = capsys.readouterr().out
+    assert "vllm-standalone" in printed and "AIPerf on" in printed
+    assert _vllm_processes() == before
+
+
+def test_the_gpu_configs_carry_the_served_models_engine_settings(tmp_path):
+    from labkit import llm_serving
+
+    repo = Repository(project_root() / "model_repository")
+    gpu = llm_serving.write_gpu_configs(
+        repo, "smollm2_vllm", tmp_path, hub_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        max_num_seqs="32",
+    )  # fmt: skip
+    assert '-    string_value: "float32"' in gpu.diff and '+    string_value: "auto"' in gpu.diff
+    assert (gpu.model_dir / "config.pbtxt").is_file()
+    twin = json.loads((gpu.backend_dir / "1" / "model.json").read_text())
+    assert twin == gpu.engine_args
+    assert twin["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and twin["max_num_seqs"] == 32
+    assert (twin["dtype"], twin["enforce_eager"]) == ("auto", False)
+    assert 'backend: "vllm"' in (gpu.backend_dir / "config.pbtxt").read_text()
+    assert gpu.docker_command[-2:] == ["tritonserver", "--model-repository=/models"]
+    assert any(part.endswith("-vllm-python-py3") for part in gpu.docker_command)
+    with pytest.raises(ConfigError, match="'dtype' must be one of"):
+        llm_serving.write_gpu_configs(repo, "smollm2_vllm", tmp_path, dtype="int3")
+    with pytest.raises(ConfigError, match="holds no model 'nope'"):
+        llm_serving.write_gpu_configs(repo, "nope", tmp_path)

@@ -101,7 +101,11 @@ def _register_inflight(kinds) -> None:
         action="store_true",
         help="with vllm, skip vLLM's own OpenAI server on the same settings (the reference)",
     )
-    p.add_argument("--standalone-cores", help="pin that reference to these cores (taskset -c)")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not pin: by default the servers run on every core but the last, AIPerf on the last",
+    )
     p.add_argument("--workload", type=_names, default=d.workloads, help="fixed16,mixed")
     p.add_argument("--clients", choices=["both", "stream", "whole"], default="both",
                    help="streaming clients, non-streaming (whole answer) clients, or both")  # fmt: skip
@@ -147,7 +151,7 @@ def _cli_inflight(args) -> int:
         inflight_model=args.inflight_model,
         vllm_model=args.vllm_model,
         standalone=not args.no_standalone,
-        standalone_cores=args.standalone_cores,
+        pin=not args.no_pin,
         schedulers=args.scheduler,
         workloads=args.workload,
         streaming={"both": (True, False), "stream": (True,), "whole": (False,)}[args.clients],

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from dataclasses import dataclass
 
 import pandas as pd
@@ -122,7 +121,7 @@ def compare_scale_out(
                 instance_count=count,
                 parameters={"num_threads": str(threads[labels[key]])},
             )
-            _add_twin(repository, model, twins[key], config)
+            repository.add_twin(model, twins[key], config)
             reload(server, twins[key], repository=repository)
         targets = {"replicas": (cluster, model), "one": (server, twins["one"]),
                    "instances": (server, twins["instances"])}  # fmt: skip
@@ -149,15 +148,6 @@ def compare_scale_out(
         median["one"], median["instances"], median["replicas"], threads, counts,
         usable_cores(), load, every,
     )  # fmt: skip
-
-
-def _add_twin(repository: Repository, model: str, twin: str, config) -> None:
-    """``twin``: a copy of ``model``'s folder (links to weights stay links) with ``config``."""
-    if twin in repository.models():
-        repository.remove(twin)
-    shutil.copytree(repository.model_dir(model), repository.new_model_dir(twin), symlinks=True)
-    config.name = twin
-    repository.write_config(twin, config)
 
 
 def _median_round(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -21,7 +21,15 @@ if TYPE_CHECKING:
     from labkit.llm_serving import StudyResult
 
 #: The plain names of the ways the lab serves its text model, in the order they are shown.
-WAYS = {"none": "no batching", "dynamic": "dynamic batching", "inflight": "in-flight batching"}
+WAYS = {
+    "none": "no batching",
+    "dynamic": "dynamic batching",
+    "inflight": "in-flight batching",
+    "vllm": "vLLM in Triton",
+    "vllm-standalone": "vLLM's own server",
+    "vllm_bf16": "vLLM in Triton (bfloat16)",
+    "vllm_bf16-standalone": "vLLM's own server (bfloat16)",
+}
 
 #: The figures compared: row key -> (plain name, unit, is a higher value better?).
 MEASURES = {
@@ -132,6 +140,9 @@ def inflight_conclusion(
     limit = (getattr(study, "limit", None) or {}).get(workload)
     if limit and limit.get("concurrency") == c and streaming:
         lines.append(_limit_words(means["inflight"]["output_tokens_per_s"], limit, figures))
+    for way in ("vllm", "vllm_bf16"):
+        if way in means and f"{way}-standalone" in means:
+            lines.append(_triton_cost_words(way, means, figures, bands["output_tokens_per_s"]))
     if getattr(study, "precision", None):
         lines.append(precision_words(study.precision, getattr(study, "host", None) or {}))
         p = study.precision
@@ -261,6 +272,28 @@ def _limit_words(served: float, limit: dict, figures: dict) -> str:
         f"The same engine in this kernel, without Triton (the in-process limit), made "
         f"{limit['output_tokens_per_s']:.1f} output tokens/s; served, in-flight batching made "
         f"{served:.1f} ({ratio}), {said}."
+    )
+
+
+def _triton_cost_words(way: str, means: dict, figures: dict, band: float | None) -> str:
+    """vLLM served through Triton's Python backend against vLLM's own OpenAI server: the same
+    engine and settings on the same cores, so the ratio is what the front end costs."""
+    served = means[way]["output_tokens_per_s"]
+    own = means[f"{way}-standalone"]["output_tokens_per_s"]
+    ratio = Ratio.between(served, own, "output tokens/s")
+    figures[f"{way}_in_triton_vs_standalone_output_tokens_per_s"] = ratio
+    said = {
+        "gain": "more than its own server: both run the same engine with the same settings, so "
+        "the difference is in the front ends (request handling, detokenizing, framing the "
+        "stream) sharing the cores with it",
+        "tie": "about as much as its own server: serving it through Triton's Python backend cost "
+        "nothing this run can tell from the noise",
+        "loss": f"less than its own server: Triton's Python backend cost {1 - ratio.value:.0%} "
+        "of its tokens/s here",
+    }[verdict(ratio.value, True, band)]
+    return (
+        f"vLLM's own OpenAI server, on the same cores with the same engine settings, made "
+        f"{_value(own)} output tokens/s; {way_name(way)} made {_value(served)} ({ratio}), {said}."
     )
 
 

@@ -63,6 +63,7 @@ def _measure_scheduler(
                 label=label,
                 timeout_s=s.timeout_s,
                 progress=progress,
+                cores=s.cores()[1],
             )
             for record in frame.to_dict("records"):
                 row = {"scheduler": scheduler, "model": names[streams], **row_figures(record)}
@@ -105,8 +106,9 @@ def row_figures(record: dict) -> dict:
 
 
 def reference_answers(server, names, workloads, s: StudySettings) -> dict:
-    """The plain model's answer to each prompt alone (one at a time): what in-flight must give."""
-    if "inflight" not in s.schedulers or not s.answers:
+    """The plain model's answer to each prompt alone (one at a time): what in-flight and vLLM
+    (in float32) must give."""
+    if not {"inflight", "vllm"} & set(s.schedulers) or not s.answers:
         return {}
     w = workloads.get("mixed") or next(iter(workloads.values()))
     pairs = list(dict.fromkeys(zip(w.prompts, w.max_tokens, strict=True)))[: s.answers]
@@ -122,7 +124,7 @@ def reference_answers(server, names, workloads, s: StudySettings) -> dict:
 
 
 def served_answers(server, model: str, reference: dict, s: StudySettings) -> dict:
-    """The in-flight model's answers under concurrency, streamed and not, against the alone ones."""
+    """A model's answers under concurrency, streamed and not, against the alone ones."""
 
     def whole(pair):
         return client.generate(server.http_url, model, pair[0], max_tokens=pair[1]).text

@@ -2,9 +2,10 @@
 
 Each way (a *scheduler*) is a model folder in the run's repository copy: ``none`` (one request at
 a time), ``dynamic`` (Triton's dynamic batcher, ``max_batch_size`` + ``dynamic_batching {}``),
-``inflight`` (the model's own in-flight engine) and ``vllm`` (the same checkpoint on vLLM's engine,
-``smollm2_vllm``, in its own environment). Another way is one more name in :data:`SCHEDULERS` and
-one more branch in :func:`write_scheduler_folders`.
+``inflight`` (the model's own in-flight engine), ``vllm`` (the same checkpoint on vLLM's engine,
+``smollm2_vllm``, in its own environment) and ``vllm_bf16`` (a twin of it computing in bfloat16).
+Another way is one more name in :data:`SCHEDULERS` and one more branch in
+:func:`write_scheduler_folders`.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import profiling
+from labkit import hardware, profiling
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.repository import Repository, apply_edits, prepare_repository
 from labkit.repository.folder import EXECUTION_ENV_PATH
 from labkit.repository.textgen import serving_threads
 
 #: The ways the lab serves its text model, in the order a study measures them.
-SCHEDULERS = ("none", "dynamic", "inflight", "vllm")
+SCHEDULERS = ("none", "dynamic", "inflight", "vllm", "vllm_bf16")
+#: The vLLM ways and the dtype each one's engine computes in.
+VLLM_DTYPES = {"vllm": "float32", "vllm_bf16": "bfloat16"}
 #: The study's workloads: answers of a fixed 16 tokens, and lengths drawn from a range.
 WORKLOADS = ("fixed16", "mixed")
 
@@ -32,7 +35,8 @@ class StudySettings:
     inflight_model: str = "smollm2_inflight"  # the in-flight folder (its limits are measured)
     vllm_model: str = "smollm2_vllm"  # the vLLM folder (its environment: .venv-vllm)
     standalone: bool = True  # with vllm: vLLM's own OpenAI server on the same settings, measured
-    standalone_cores: str | None = None  # pin that reference (taskset -c), e.g. "0"
+    # servers on every core but the last, AIPerf on the last; None: so when the host has two
+    pin: bool | None = None
     schedulers: tuple[str, ...] = SCHEDULERS
     workloads: tuple[str, ...] = WORKLOADS
     streaming: tuple[bool, ...] = (True, False)
@@ -64,7 +68,13 @@ class StudySettings:
             )
         if not self.streaming:
             raise ConfigError("choose streaming clients, non-streaming clients, or both")
+        self.cores()  # pinning on one core: said before anything starts
         return self
+
+    def cores(self) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        """``(server, client)`` cores when pinned, else ``(None, None)``."""
+        pin = len(hardware.usable_cores()) >= 2 if self.pin is None else self.pin
+        return hardware.split_cores() if pin else (None, None)
 
 
 def check_vllm_environment(repo: Repository, model: str) -> None:
@@ -122,8 +132,16 @@ def write_scheduler_folders(repo: Repository, s: StudySettings) -> dict[str, dic
             s.inflight_model, apply_edits(repo.config(s.inflight_model), parameters=params)
         )
     names["inflight"] = {False: s.inflight_model, True: s.inflight_model}
-    if "vllm" in s.schedulers:
+    for scheduler in VLLM_DTYPES.keys() & set(s.schedulers):
         check_vllm_environment(repo, s.vllm_model)
-        names["vllm"] = {False: s.vllm_model, True: s.vllm_model}
+        name = s.vllm_model if scheduler == "vllm" else f"{s.vllm_model}_{scheduler[5:]}"
+        config = apply_edits(
+            repo.config(s.vllm_model), parameters={"dtype": VLLM_DTYPES[scheduler]}
+        )
+        if name == s.vllm_model:
+            repo.write_config(name, config)
+        else:
+            repo.add_twin(s.vllm_model, name, config)
+        names[scheduler] = {False: name, True: name}
     prepare_repository(repo.path)
     return names

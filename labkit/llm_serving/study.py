@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labkit.hardware import host_facts
+from labkit.hardware import format_cores, host_facts, pinned
 from labkit.repository import prepare_run_repository
 from labkit.repository.textgen import engine_limits
 from labkit.runs import write_result
@@ -21,7 +21,7 @@ from labkit.server import serving
 from . import figures
 from .inprocess import inprocess_figures
 from .measure import compare_schedulers, light_client, reference_answers, served_answers
-from .schedulers import StudySettings, workload, write_scheduler_folders
+from .schedulers import VLLM_DTYPES, StudySettings, workload, write_scheduler_folders
 from .standalone import measure_standalone
 
 #: The file a study writes into its run folder.
@@ -51,7 +51,8 @@ class StudyResult:
     rows: list[dict] = field(default_factory=list)
     limit: dict = field(default_factory=dict)
     precision: dict | None = None
-    answers: dict | None = None
+    answers: dict | None = None  # the in-flight model's, under concurrency, against alone
+    vllm_answers: dict = field(default_factory=dict)  # each vLLM way's, the same way
     light_client: dict | None = None
     ratios: dict = field(default_factory=dict)
     targets: dict = field(default_factory=dict)
@@ -108,12 +109,19 @@ def run(
         host=host_facts(),
         run_dir=str(run_dir),
     )
+    server_cores, client_cores = s.cores()
+    if server_cores is not None:  # which cores each side had: part of reading the figures
+        result.host["server_cores"] = format_cores(server_cores)
+        result.host["client_cores"] = format_cores(client_cores)
     started = time.monotonic()
-    options = {"startup_timeout_s": s.startup_timeout_s, "warm": False}
+    options = {"startup_timeout_s": s.startup_timeout_s, "warm": False, "cores": server_cores}
     with serving(run_dir, repo.path, [], **options) as server:
         reference = reference_answers(server, names, workloads, s)
 
         def check_answers(scheduler: str) -> None:
+            if scheduler in VLLM_DTYPES and reference:  # float32: asserted; bfloat16: reported
+                model = names[scheduler][True]
+                result.vllm_answers[scheduler] = served_answers(server, model, reference, s)
             if scheduler != "inflight":
                 return
             if reference:
@@ -127,9 +135,10 @@ def run(
             server, names, workloads, s, progress=progress, then=check_answers
         )
         result.load_average_after_serving = [round(x, 2) for x in os.getloadavg()]
-    if "vllm" in s.schedulers and s.standalone:  # with Triton stopped: the cores are its alone
-        result.rows += measure_standalone(run_dir, repo, workloads, s, progress=progress)
-    result.limit, result.precision = inprocess_figures(repo, s, workloads)
+    if s.standalone:  # with Triton stopped: the cores are the reference's alone
+        result.rows += measure_standalone(run_dir, repo, names, workloads, s, progress=progress)
+    with pinned(server_cores):  # the engine alone, on the cores the servers had
+        result.limit, result.precision = inprocess_figures(repo, s, workloads)
     result.ratios = figures.ratios(result.rows, result.limit)
     if result.light_client and "mixed" in result.limit:
         result.ratios["inflight_light_client_vs_limit_mixed"] = figures.ratio(

@@ -205,6 +205,7 @@ def run_aiperf(
     progress: bool = True,
     aiperf_path: str | os.PathLike | None = None,
     openai: bool = False,
+    cores: tuple[int, ...] | None = None,
 ) -> pd.DataFrame:
     """Measure ``model`` with AIPerf at each concurrency level; one row per level.
 
@@ -218,6 +219,8 @@ def run_aiperf(
     ``openai=True`` measures an OpenAI-compatible server instead (vLLM's own, the reference of
     :mod:`labkit.llm_serving.standalone`): ``model`` is the name it serves, the requests go to
     ``/v1/completions`` with the same prompts and lengths, and ``tokenizer=`` is required.
+
+    ``cores`` pins AIPerf's processes to those CPU cores (keep them off the server's).
     """
     levels = sorted({concurrency} if isinstance(concurrency, int) else set(concurrency))
     if not levels or levels[0] < 1:
@@ -269,7 +272,7 @@ def run_aiperf(
         out = run_dir / f"{slug}-c{level}"
         args = [*base, "--concurrency", str(level), "--request-count", str(count)]
         args += ["--artifact-dir", str(out)]
-        rows.append(_measure(args, out, server, timeout_s, name, level))
+        rows.append(_measure(args, out, server, timeout_s, name, level, cores))
     frame = pd.DataFrame(rows)
     frame.insert(0, "config", name)
     frame.insert(1, "streaming", streaming)
@@ -286,7 +289,9 @@ _SOCKET_PATH_MAX = 107
 _SOCKET_TAIL = len("/tmpXXXXXXXX/aiperf/dataset_manager_proxy_frontend.ipc")
 
 
-def _measure(args: list[str], out: Path, server, timeout_s: float, name: str, level: int) -> dict:
+def _measure(
+    args: list[str], out: Path, server, timeout_s: float, name: str, level: int, cores=None
+) -> dict:
     if out.exists():
         shutil.rmtree(out)  # a rerun in the same run folder measures afresh
     before_cpu, before_server = _children_cpu_s(), server_cpu_s(server)
@@ -300,7 +305,7 @@ def _measure(args: list[str], out: Path, server, timeout_s: float, name: str, le
         env.update(AIPERF_DATASET_MMAP_BASE_PATH=temp, AIPERF_DATASET_MMAP_CACHE_ENABLED="false")
         if len(temp) + _SOCKET_TAIL <= _SOCKET_PATH_MAX:
             env["TMPDIR"] = temp  # else AIPerf's sockets would not fit: it leaves their folders
-        result = proc.run(args, timeout_s=timeout_s, env=env, check=False)
+        result = proc.run(args, timeout_s=timeout_s, env=env, check=False, cores=cores)
     wall = time.monotonic() - started
     aiperf_cpu, server_cpu = _children_cpu_s() - before_cpu, server_cpu_s(server) - before_server
     out.mkdir(parents=True, exist_ok=True)

@@ -171,6 +171,17 @@ class Repository:
             )
         return folder
 
+    def add_twin(self, model: str, twin: str, cfg: ModelConfig) -> Path:
+        """``twin``: a copy of ``model``'s folder (links, to weights or shared code, stay links)
+        served with ``cfg``; a ``twin`` already there is replaced."""
+        if twin in self.models():
+            self.remove(twin)
+        folder = self.new_model_dir(twin)
+        shutil.copytree(self.model_dir(model), folder, symlinks=True)
+        cfg.name = twin
+        self.write_config(twin, cfg)
+        return folder
+
     def add_from_template(
         self, name: str, template: str, cfg: ModelConfig, *, version: int = 1
     ) -> Path:

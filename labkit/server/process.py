@@ -65,6 +65,9 @@ class TritonServer(Addresses):
 
     >>> with TritonServer("model_repository", http_port=0) as server:
     ...     server.http_url
+
+    ``cores`` pins the server, its model stubs and what they start to those CPU cores (a
+    benchmark keeps its load generator off them).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class TritonServer(Addresses):
         log_path: str | os.PathLike | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        cores: tuple[int, ...] | None = None,
     ) -> None:
         self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
@@ -97,6 +101,7 @@ class TritonServer(Addresses):
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
+        self.cores = tuple(cores) if cores else None  # pinned to these CPU cores, stubs included
         self._explicit_binary = tritonserver
         self._binary: ServerBinary | None = None
         self._process: subprocess.Popen | None = None
@@ -184,6 +189,8 @@ class TritonServer(Addresses):
         ]
         if name:
             cmd += ["--name", name]
+        if self.cores:
+            cmd += ["--cpuset-cpus", ",".join(map(str, self.cores))]
         for var in token_variables_set():
             cmd += ["-e", var]
         hf_cache = "/root/.cache/huggingface"
@@ -243,6 +250,7 @@ class TritonServer(Addresses):
         try:
             self._process = spawn(
                 cmd,
+                cores=self.cores if self.mode == "local" else None,
                 stdout=subprocess.PIPE if secrets else self._log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
