@@ -13,6 +13,7 @@ from labkit.errors import ConfigError, MissingFileError
 from labkit.repository import (
     ModelConfig,
     Repository,
+    apply_edits,
     config_to_text,
     embedding_config,
     parse_config,
@@ -404,3 +405,21 @@ def test_the_model_repository_copy_is_independent_of_the_source(tmp_path):
     assert (copy / "m" / "config.pbtxt").read_text() == "max_batch_size: 8\n"
     with pytest.raises(MissingFileError, match="does not exist"):
         prepare_run_repository(tmp_path / "run2", source=tmp_path / "nothing")
+
+
+def test_a_twin_copies_the_folder_keeping_its_links_and_serves_its_own_config(tmp_path):
+    repo = Repository(ROOT / "model_repository").copy_to(tmp_path / "repo")
+    version = repo.model_dir("smollm2_vllm") / "1"
+    linked = sorted(p.name for p in version.iterdir() if p.is_symlink())
+    config = apply_edits(repo.config("smollm2_vllm"), parameters={"dtype": "bfloat16"})
+    twin = repo.add_twin("smollm2_vllm", "smollm2_vllm_bf16", config)
+    assert sorted(p.name for p in (twin / "1").iterdir() if p.is_symlink()) == linked
+    assert (twin / "1" / "protocol.py").read_text() == (version / "protocol.py").read_text()
+    served = repo.config("smollm2_vllm_bf16")
+    assert (
+        served.name == "smollm2_vllm_bf16" and served.parameters["dtype"].string_value == "bfloat16"
+    )
+    assert repo.config("smollm2_vllm").parameters["dtype"].string_value == "float32"
+    again = apply_edits(served, parameters={"dtype": "float16"})
+    repo.add_twin("smollm2_vllm", "smollm2_vllm_bf16", again)  # a twin already there is replaced
+    assert repo.config("smollm2_vllm_bf16").parameters["dtype"].string_value == "float16"

@@ -155,7 +155,7 @@ def test_bench_inflight_serves_vllm_in_triton_beside_its_own_server_pinned(tmp_p
     log = (tmp_path / "run" / "vllm-standalone-smollm2_vllm.log").read_text()
     assert "--served-model-name" in log.splitlines()[0]  # the command it ran, then its output
     printed = capsys.readouterr().out
-    assert "vllm-standalone" in printed and "AIPerf on" in printed
+    assert "vllm-standalone" in printed and "AIPerf to" in printed
     assert _vllm_processes() == before
 
 

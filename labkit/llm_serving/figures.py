@@ -43,37 +43,41 @@ def ratios(rows: list[dict], limit: dict, concurrency: int = 8) -> dict:
     """
     out: dict = {}
     c = concurrency
-    for streams, suffix in ((True, ""), (False, "_nonstreaming")):
-        inflight, dynamic = (_pick(rows, k, "mixed", streams, c) for k in ("inflight", "dynamic"))
-
-        def get(row, key):
-            return row.get(key) if row else None
-
-        out[f"inflight_vs_dynamic_output_tokens_per_s_c{c}_mixed{suffix}"] = ratio(
-            get(inflight, "output_tokens_per_s"), get(dynamic, "output_tokens_per_s")
-        )
-        out[f"inflight_ttft_p99_vs_dynamic_c{c}_mixed{suffix}"] = ratio(
-            get(inflight, "ttft_p99_ms"), get(dynamic, "ttft_p99_ms")
-        )
-        out[f"inflight_served_vs_limit_c{c}_mixed{suffix}"] = ratio(
-            get(inflight, "output_tokens_per_s"),
-            limit.get("mixed", {}).get("output_tokens_per_s"),
-        )
-        for way in ("vllm", "vllm_bf16"):
-            served, standalone = (
-                _pick(rows, k, "mixed", streams, c) for k in (way, f"{way}-standalone")
-            )
-            out[f"{way}_served_vs_standalone_c{c}_mixed{suffix}"] = ratio(
-                get(served, "output_tokens_per_s"), get(standalone, "output_tokens_per_s")
-            )
-            out[f"{way}_vs_inflight_output_tokens_per_s_c{c}_mixed{suffix}"] = ratio(
-                get(served, "output_tokens_per_s"), get(inflight, "output_tokens_per_s")
-            )
+    for w in ("mixed", "fixed16"):  # the targets are on mixed lengths; fixed16 stands beside them
+        for streams, suffix in ((True, ""), (False, "_nonstreaming")):
+            out.update(_ratios_of(rows, limit, c, w, streams, suffix))
     c4 = _pick(rows, "inflight", "fixed16", True, 4) or _pick(rows, "inflight", "mixed", True, 4)
     out["inflight_ttft_p50_s_c4_streaming"] = (
         round(c4["ttft_p50_ms"] / 1000, 3) if c4 and c4.get("ttft_p50_ms") is not None else None
     )
     out["failed_requests"] = sum(int(row.get("failed") or 0) for row in rows)
+    return out
+
+
+def _ratios_of(rows, limit, c: int, w: str, streams: bool, suffix: str) -> dict:
+    def get(scheduler: str, key: str):
+        row = _pick(rows, scheduler, w, streams, c)
+        return row.get(key) if row else None
+
+    tokens = "output_tokens_per_s"
+    out = {
+        f"inflight_vs_dynamic_{tokens}_c{c}_{w}{suffix}": ratio(
+            get("inflight", tokens), get("dynamic", tokens)
+        ),
+        f"inflight_ttft_p99_vs_dynamic_c{c}_{w}{suffix}": ratio(
+            get("inflight", "ttft_p99_ms"), get("dynamic", "ttft_p99_ms")
+        ),
+        f"inflight_served_vs_limit_c{c}_{w}{suffix}": ratio(
+            get("inflight", tokens), limit.get(w, {}).get(tokens)
+        ),
+    }
+    for way in ("vllm", "vllm_bf16"):
+        out[f"{way}_served_vs_standalone_c{c}_{w}{suffix}"] = ratio(
+            get(way, tokens), get(f"{way}-standalone", tokens)
+        )
+        out[f"{way}_vs_inflight_{tokens}_c{c}_{w}{suffix}"] = ratio(
+            get(way, tokens), get("inflight", tokens)
+        )
     return out
 
 
@@ -130,6 +134,13 @@ def table(result: dict) -> str:
     for name, t in result.get("targets", {}).items():
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         text.append(f"{name}: {t['measured']} (target {t['target']}: {verdict})")
+    beside = [
+        f"{name} {value}"
+        for name, value in result.get("ratios", {}).items()
+        if "_fixed16" in name and not name.endswith("_nonstreaming") and value is not None
+    ]
+    if beside:
+        text.append("fixed 16 tokens, beside the mixed targets: " + ", ".join(beside))
     p = result.get("precision")
     if p:
         for dtype in ("float32", "bfloat16"):
@@ -159,7 +170,7 @@ def table(result: dict) -> str:
             )
     h = result["host"]
     pinned = (
-        f"; servers on cores {h['server_cores']}, AIPerf on {h['client_cores']}"
+        f"; servers pinned to core(s) {h['server_cores']}, AIPerf to {h['client_cores']}"
         if h.get("server_cores")
         else "; not pinned"
     )
