@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Collection, Mapping, Sequence
@@ -80,6 +81,21 @@ def kill_group(pid: int, sig: int = 9) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def wait_group_gone(pgid: int, timeout_s: float) -> bool:
+    """Wait (bounded) until no process of group ``pgid`` exists any more, so that "stopped" means
+    gone: processes SIGKILLed with their group leader are reaped by init a moment later. Returns
+    whether the group is gone; a group that outlives ``timeout_s`` is logged."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return True
+        time.sleep(0.05)
+    log.warning("process group %d still had members %g s after stop", pgid, timeout_s)
+    return False
 
 
 def tail(text: str, lines: int = 30) -> str:

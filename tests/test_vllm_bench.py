@@ -146,12 +146,16 @@ def test_bench_inflight_serves_vllm_in_triton_beside_its_own_server_pinned(tmp_p
     answers = result["vllm_answers"]["vllm"]
     assert answers["equal_nonstreaming"] == answers["equal_streaming"] == answers["compared"] > 0
     served_over_own = figures.ratios(result["rows"], result["limit"], concurrency=2)
+    assert result["limit"] == {} and result["precision"] is None  # no in-flight: no limit
     assert served_over_own["vllm_served_vs_standalone_c2_mixed"] == figures.ratio(
         rows["vllm", 2]["output_tokens_per_s"], rows["vllm-standalone", 2]["output_tokens_per_s"]
     )
     server, client = hardware.split_cores()
     assert (result["host"]["server_cores"], result["host"]["client_cores"]) == (
         hardware.format_cores(server), hardware.format_cores(client))  # fmt: skip
+    served = (tmp_path / "run" / "tritonserver.log").read_text(errors="replace")
+    # the model was unloaded after its level: its stub ended cleanly (it used to crash there)
+    assert "Segfault encountered" not in served and "Task was destroyed" not in served
     log = (tmp_path / "run" / "vllm-standalone-smollm2_vllm.log").read_text()
     assert "--served-model-name" in log.splitlines()[0]  # the command it ran, then its output
     printed = capsys.readouterr().out

@@ -11,7 +11,7 @@ from labkit import client, profiling, streaming
 from labkit.load import stream_workload
 from labkit.server import TritonServer, warm_up
 
-from .schedulers import StudySettings
+from .schedulers import VLLM_DTYPES, StudySettings
 
 
 def compare_schedulers(
@@ -108,7 +108,7 @@ def row_figures(record: dict) -> dict:
 def reference_answers(server, names, workloads, s: StudySettings) -> dict:
     """The plain model's answer to each prompt alone (one at a time): what in-flight and vLLM
     (in float32) must give."""
-    if not {"inflight", "vllm"} & set(s.schedulers) or not s.answers:
+    if not {"inflight", *VLLM_DTYPES} & set(s.schedulers) or not s.answers:
         return {}
     w = workloads.get("mixed") or next(iter(workloads.values()))
     pairs = list(dict.fromkeys(zip(w.prompts, w.max_tokens, strict=True)))[: s.answers]

@@ -134,7 +134,7 @@ def write_scheduler_folders(repo: Repository, s: StudySettings) -> dict[str, dic
     names["inflight"] = {False: s.inflight_model, True: s.inflight_model}
     for scheduler in VLLM_DTYPES.keys() & set(s.schedulers):
         check_vllm_environment(repo, s.vllm_model)
-        name = s.vllm_model if scheduler == "vllm" else f"{s.vllm_model}_{scheduler[5:]}"
+        name = s.vllm_model + scheduler.removeprefix("vllm")  # smollm2_vllm, smollm2_vllm_bf16
         config = apply_edits(
             repo.config(s.vllm_model), parameters={"dtype": VLLM_DTYPES[scheduler]}
         )

@@ -111,6 +111,7 @@ class StandaloneVllm:
         proc.kill_group(self.process.pid, 9)  # what SIGTERM left, engine processes included
         with contextlib.suppress(Exception):
             self.process.wait(timeout=10)
+        proc.wait_group_gone(self.process.pid, timeout_s=10)  # the engine's processes reaped too
 
     def __enter__(self) -> StandaloneVllm:
         return self

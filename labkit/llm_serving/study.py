@@ -90,9 +90,12 @@ def run(
     progress: bool = True,
 ) -> StudyResult:
     """Serve the text model every way of ``settings.schedulers`` on one server, one after another
-    (each one's models loaded, warmed, measured with AIPerf on every workload, then unloaded),
-    then, with the server stopped, the in-process limit (the same engine on the same prompts,
-    without Triton) and float32 against bfloat16.
+    (each one's models loaded, warmed, measured with AIPerf on every workload, then unloaded).
+    Then, with the server stopped: vLLM's own OpenAI server on each vLLM way's settings (unless
+    ``settings.standalone`` is false), and, when in-flight batching or precision was asked, the
+    in-process limit (the same engine on the same prompts, without Triton) and float32 against
+    bfloat16. On two cores or more the servers and the limit run pinned apart from AIPerf
+    (:meth:`StudySettings.cores`).
 
     ``source`` (default: the lab's ``model_repository/``) is copied into the run folder first
     and never changed. The result is also written to ``<run_dir>/inflight.json``.
@@ -137,8 +140,9 @@ def run(
         result.load_average_after_serving = [round(x, 2) for x in os.getloadavg()]
     if s.standalone:  # with Triton stopped: the cores are the reference's alone
         result.rows += measure_standalone(run_dir, repo, names, workloads, s, progress=progress)
-    with pinned(server_cores):  # the engine alone, on the cores the servers had
-        result.limit, result.precision = inprocess_figures(repo, s, workloads)
+    if "inflight" in s.schedulers or s.precision:  # the in-flight engine alone: its limit
+        with pinned(server_cores):  # on the cores the servers had
+            result.limit, result.precision = inprocess_figures(repo, s, workloads)
     result.ratios = figures.ratios(result.rows, result.limit)
     if result.light_client and "mixed" in result.limit:
         result.ratios["inflight_light_client_vs_limit_mixed"] = figures.ratio(

@@ -36,6 +36,7 @@ from labkit.proc import (
     kill_group,
     spawn,
     tail,
+    wait_group_gone,
 )
 from labkit.repository.config import check_name
 from labkit.server.image import require_image
@@ -387,7 +388,7 @@ class TritonServer(Addresses):
                 )
         kill_group(process.pid, signal.SIGKILL)  # stubs left behind by the server, if any
         process.wait()
-        _wait_group_gone(process.pid, timeout_s=5.0)
+        wait_group_gone(process.pid, timeout_s=5.0)
         _remove_files(regions)  # a killed stub or server leaves its shared memory behind
         self._drain_log()
         self._close_log()
@@ -578,19 +579,6 @@ def _only_failed_versions_left(path: Path, start: int, loaded: set[tuple[str, st
     last_unload = unloads[-1].end() if unloads else 0
     counts = [int(m[1]) for m in _LIVE_COUNT.finditer(text, last_unload)]
     return bool(counts) and counts[-1] > 0
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> None:
-    """Wait (bounded) until no process of group ``pgid`` exists any more, so that "stopped" means
-    gone: the stubs SIGKILLed with the server are reaped by init a moment later."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.05)
-    log.warning("process group %d still had members %g s after stop", pgid, timeout_s)
 
 
 def _remove_files(paths: list[str]) -> None:

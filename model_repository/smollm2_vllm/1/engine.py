@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import locale
 import os
@@ -152,8 +153,17 @@ class VllmEngine:
             self.llm.shutdown(timeout=timeout_s)
             self.llm = None
         if self._thread.is_alive():
+            # Every task ends here, in the loop's thread, while the stub can still free the
+            # response senders their frames hold. Left to the interpreter's exit, collecting them
+            # crashed the stub: "Segfault encountered" in ResponseSender's destructor, its shared
+            # memory already gone, at every unload of a model that had served.
+            future = asyncio.run_coroutine_threadsafe(_wind_down(), self._loop)
+            with contextlib.suppress(Exception):
+                future.result(timeout=timeout_s)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout_s)
+        self._jobs.clear()
+        gc.collect()
         self._log_stats("stopped")
 
     # -- requests ---------------------------------------------------------------------------------
@@ -447,6 +457,16 @@ def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
         if token in eos_ids:
             return tokens[:i]
     return tokens
+
+
+async def _wind_down() -> None:
+    """Cancel every other task of the running loop, wait for them, close async generators."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 async def _called(function: Callable[..., object], *args) -> None:
