@@ -400,8 +400,17 @@ class TritonPythonModel:
 def test_a_model_that_fails_its_warm_up_leaves_no_server_behind(tmp_path):
     repo = tmp_path / "repo"
     write_model(repo, "broken", FAILING_MODEL)
-    before = {p.pid for p in psutil.process_iter() if p.name() == "tritonserver"}
     with pytest.raises(ServerError, match="broken on purpose"):
         start_server(tmp_path, repo, ["broken"])
-    left = [p for p in psutil.process_iter() if p.name() == "tritonserver" and p.pid not in before]
-    assert left == []
+    assert servers_of(repo) == []
+
+
+def servers_of(repo: os.PathLike) -> list[psutil.Process]:
+    """Live tritonservers that serve ``repo`` (not another test's, which may run beside this one)."""
+    return [
+        p
+        for p in psutil.process_iter(["name", "cmdline", "status"])
+        if p.info["name"] == "tritonserver"
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+        and any(str(repo) in arg for arg in p.info["cmdline"] or [])
+    ]

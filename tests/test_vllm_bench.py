@@ -115,11 +115,16 @@ def test_a_study_pins_its_servers_and_aiperf_apart_when_the_host_has_two_cores(m
 
 
 def _vllm_processes() -> list[str]:
+    """vLLM's processes that this test could have left: this process's descendants, and orphans
+    (a leftover's parent has gone). Another test's vLLM, on another xdist worker, is neither."""
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
     found = []
-    for p in psutil.process_iter(["name", "cmdline"]):
+    for p in psutil.process_iter(["name", "cmdline", "ppid", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or (p.pid not in ours and p.info["ppid"] != 1):
+            continue
         text = " ".join([p.info["name"] or "", *(p.info["cmdline"] or [])])
         if "VLLM::" in text or "vllm.entrypoints" in text or "smollm2_vllm" in text:
-            found.append(text[:120])
+            found.append(f"{p.pid} {text[:120]}")
     return found
 
 
