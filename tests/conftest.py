@@ -319,7 +319,7 @@ def imported_as_triton_does(version_dir: Path, module: str = "model"):
 # -- the notebooks carry the notebook marker; xdist hands out whole files, heaviest first --------
 #: What a test weighs when ``make test`` orders the files it hands to its workers, by its
 #: heaviest tier marker (seconds, roughly, as the suite's ``--durations`` shows them on 2 cores).
-#: Only the order depends on it: a file that weighs more than this says starts earlier.
+#: Only the order depends on it: the heavier a file, the earlier it starts.
 SCHEDULE_WEIGHT_S = {"notebook": 150.0, "slow": 40.0, "browser": 40.0, "integration": 5.0}
 
 
