@@ -305,6 +305,48 @@ def test_a_request_of_several_prompts_and_sampling_settings_get_the_plain_models
     assert post(server, "tli", penalised, "generate_stream")[1].startswith('["Hi')
 
 
+@pytest.mark.integration
+def test_a_sampling_request_leaves_the_other_streams_going_and_gets_the_plain_models_answer(
+    server,
+):
+    """On the real LLM: a greedy count streams on while a request that samples is answered in
+    the side lane (events in arrival order: greedy pieces arrive between the sampled stream's
+    first and last), and the sampled answer is the plain model's for the same seed."""
+    sampled = {"max_tokens": 24, "temperature": 0.9, "top_k": 20, "seed": 7}
+    expected = client.generate(server.http_url, "smollm2", "Hi", **sampled).text
+    events: queue.Queue = queue.Queue()
+    counting = streaming.stream(
+        server.http_url, "smollm2_inflight", "1, 2, 3, 4, 5,", max_tokens=250, stream=True
+    )
+    next(counting)  # the greedy count is running
+    done = threading.Event()
+
+    def count() -> None:
+        for _ in counting:
+            events.put("greedy")
+            if done.is_set():
+                break
+        counting.close()  # the count is cancelled mid-answer
+
+    reader = threading.Thread(target=count, daemon=True)
+    reader.start()
+    try:
+        pieces = []
+        for piece in streaming.stream(
+            server.http_url, "smollm2_inflight", "Hi", stream=True, **sampled
+        ):
+            pieces.append(piece)
+            events.put("sampled")
+    finally:
+        done.set()
+        reader.join(60)
+    assert not reader.is_alive()
+    assert "".join(pieces) == expected
+    order = list(events.queue)
+    first, last = order.index("sampled"), len(order) - 1 - order[::-1].index("sampled")
+    assert "greedy" in order[first:last], order
+
+
 # -- cancellation and the queue bound ----------------------------------------------------------------
 @pytest.mark.integration
 def test_cancelling_half_the_streams_frees_their_slots_and_leaves_the_others_unchanged(server):
@@ -498,7 +540,8 @@ def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_
             eos_ids={tokenizer.eos_token_id},
             max_tokens=16,
             decode=lambda prompt, new: tokenizer.decode(new),
-            run_alone=lambda sender, prompts: None,
+            decode_ids=tokenizer.decode,
+            run_alone=lambda sender, prompts, model: None,
             name="crashy",
             on_crash=ended.set,
         )
@@ -533,3 +576,80 @@ def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_
         assert refusal.error.code == "UNAVAILABLE" and "must be reloaded" in refusal.error.message
         assert any("ending this stub" in line for line in FakeLogger.lines)
         engine.stop(timeout_s=10)  # stopping a dead engine is harmless
+
+
+def test_a_request_that_samples_runs_beside_the_engine_whose_streams_go_on_in_process(
+    tiny_llama, monkeypatch
+):
+    """The side lane: while ``generate`` answers a request that samples, the engine keeps making
+    the other requests' tokens (it used to pause). Here the side lane's ``run_alone`` waits until
+    a greedy stream has had 3 more pieces: with a paused engine it would wait in vain. The model
+    is eager: the engine runs it as "paged|eager", so ``generate`` gets a twin on the same
+    weight tensors, whose answer is the model's own."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_llama, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = tokenizer("Once upon a time", return_tensors="pt")
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        before = model.generate(**ids, generation_config=config).tolist()
+    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
+        for name, fake in (
+            ("TritonError", FakeError),
+            ("InferenceResponse", FakeResponse),
+            ("Tensor", lambda name, array: (name, array)),
+            ("Logger", FakeLogger),
+        ):
+            monkeypatch.setattr(inflight.pb_utils, name, fake, raising=False)
+        greedy, sampled = FakeSender(), FakeSender()
+        beside: dict[str, object] = {}
+
+        def run_alone(sender, prompts, twin) -> None:
+            start = len(greedy.responses)
+            deadline = time.monotonic() + 60
+            while len(greedy.responses) < start + 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            beside["pieces"] = len(greedy.responses) - start
+            beside["attention"] = twin.config._attn_implementation
+            with torch.inference_mode():
+                beside["answer"] = twin.generate(**ids, generation_config=config).tolist()
+            sender.send(FakeResponse(), flags=inflight.FINAL)
+
+        engine = inflight.InflightEngine(
+            model,
+            tokenizer,
+            limits=inflight.Limits(max_running_requests=4),
+            eos_ids=set(),  # the greedy stream runs to its max_tokens
+            max_tokens=400,
+            decode=lambda prompt, new: tokenizer.decode(new),
+            decode_ids=tokenizer.decode,
+            run_alone=run_alone,
+            name="beside",
+        )
+        twin = engine.side_model
+        assert twin is not model
+        shared = {t.data_ptr() for t in model.parameters()}
+        assert shared and {t.data_ptr() for t in twin.parameters()} == shared  # no copy
+        engine.start(tokenizer("Hello")["input_ids"])
+        try:
+            assert model.config._attn_implementation == "paged|eager"  # the engine's own
+
+            def prompts(settings):
+                text = "Once upon a time"
+                return inflight.Prompts(
+                    (1,), [text], [tokenizer(text)["input_ids"]], settings, False, True
+                )
+
+            engine.submit(greedy, prompts(inflight.Settings(max_tokens=400)))
+            wait_for(lambda: greedy.responses, 60, "the greedy stream's first piece")
+            engine.submit(sampled, prompts(inflight.Settings(max_tokens=8, temperature=0.9)))
+            assert sampled.final.wait(120), "the side lane did not answer"
+            assert beside["pieces"] >= 3  # the stream went on beside it
+            assert beside["attention"] == "eager" and beside["answer"] == before
+            assert not greedy.final.is_set()  # still generating: it was never paused
+        finally:
+            engine.stop(timeout_s=30)

@@ -40,12 +40,98 @@ def test_streaming_model_is_the_same_code_and_weights_as_smollm2_but_decoupled()
     assert stream.parameters["labkit_weights"].string_value == "smollm2"
 
 
+BYTES = {i: bytes([i]) for i in range(256)} | {256: b" caf", 257: b"\xc3\xa9", 258: b"\xf0\x9f"}
+
+
+def byte_decode(ids: list[int]) -> str:
+    """A byte-level tokenizer's decode: each token is some bytes; an unfinished character
+    decodes to U+FFFD, as Hugging Face's byte-level BPE decodes."""
+    return b"".join(BYTES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def pieces_of(module, prompt: list[int], new: list[int], decode) -> list[str]:
+    text = module.IncrementalText(prompt, decode)
+    return [text.piece(new[:n]) for n in range(1, len(new) + 1)]
+
+
 def test_a_piece_waits_for_an_incomplete_character_and_never_takes_text_back():
-    with imported_as_triton_does(TEMPLATE, "decoupled") as module:
-        assert module.stable_piece(" caf", "") == " caf"
-        assert module.stable_piece(" caf\ufffd", " caf") == ""  # half of "é": wait for the rest
-        assert module.stable_piece(" café", " caf") == "é"
-        assert module.stable_piece(" cafe", " café") == ""  # rewritten text: wait for the end
+    with imported_as_triton_does(TEMPLATE, "detokenize") as module:
+        # " café" as " caf" + the two bytes of "é" in two tokens, then "!"
+        new = [256, 0xC3, 0xA9, ord("!")]
+        assert pieces_of(module, [ord("A")], new, byte_decode) == [" caf", "", "é", "!"]
+        # "🙂" in a token of 2 bytes and two of 1: nothing until its last byte
+        new = [258, 0x99, 0x82, ord(" ")]
+        assert pieces_of(module, [ord("A")], new, byte_decode) == ["", "", "🙂", " "]
+
+        def rewriting(ids: list[int]) -> str:  # a decode that changes earlier text: "ab" -> "X"
+            return byte_decode(ids).replace("ab", "X")
+
+        prompt, new = [ord("z")], [ord("a"), ord("b"), ord("c")]
+        got = pieces_of(module, prompt, new, rewriting)
+        # "b" would take back the "a" sent: nothing more is sent as a piece; the final response
+        # sends what the whole decode adds to the pieces, if it still starts with them
+        assert got == ["a", "", ""]
+
+
+def test_pieces_join_to_the_whole_decode_and_each_decodes_a_few_tokens_only():
+    """Every piece decodes the last few sent tokens and the new ones: a 600-token answer costs
+    each token the same as the first did (the whole decode made it O(n) a token)."""
+    import random
+
+    with imported_as_triton_does(TEMPLATE, "detokenize") as module:
+        rng = random.Random(0)
+        lengths: list[int] = []
+
+        def counting(ids: list[int]) -> str:
+            lengths.append(len(ids))
+            return byte_decode(ids)
+
+        for _ in range(20):
+            prompt = [rng.choice(range(97, 123)) for _ in range(rng.randint(1, 30))]
+            new = [
+                rng.choice([*range(32, 127), 256, 257, 258, 0xC3, 0xA9, 0x99, 0x82])
+                for _ in range(600)
+            ]
+            joined = "".join(pieces_of(module, prompt, new, counting))
+            whole = byte_decode(new)  # prompts of ASCII: the answer's text is its own decode
+            assert whole.startswith(joined) and len(whole) - len(joined) <= 4  # a last char
+        assert max(lengths) <= module.CONTEXT_TOKENS + 8  # the longest wait for a character
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # SmolLM2's tokenizer comes from its weights, built on a cold cache
+def test_smollm2s_tokenizer_streams_pieces_that_join_to_its_whole_decode():
+    """Accents, CJK and emoji split across byte tokens, after prompts of every kind: the
+    pieces and the final rest join to ``protocol.completion``, as the non-streaming answer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(repository.build_weights("smollm2"))
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    texts = [
+        "Once upon a time",
+        " café au lait",
+        "東京は日本の首都です。",
+        "ok 🙂👍🏽 done",
+        "a\n\n  b",
+    ]
+    with (
+        imported_as_triton_does(TEMPLATE, "detokenize") as module,
+        imported_as_triton_does(TEMPLATE, "protocol") as protocol,
+    ):
+        for prompt_text in texts:
+            for answer_text in texts:
+                prompt = tokenizer(prompt_text)["input_ids"]
+                new = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+                new = [*new, tokenizer.eos_token_id, *new]  # a special token is skipped
+                joined = "".join(pieces_of(module, prompt, new, decode))
+                whole = protocol.completion(tokenizer, prompt, new)
+                assert whole.startswith(joined) and len(whole) - len(joined) <= 2, (
+                    prompt_text,
+                    answer_text,
+                )
 
 
 # -- against a real Triton ---------------------------------------------------------------------

@@ -130,7 +130,13 @@ def test_the_committed_config_is_decoupled_on_the_smollm2_weights_in_the_vllm_en
     # copy lives elsewhere, so labkit writes the absolute path there
     assert params["EXECUTION_ENV_PATH"] == RELATIVE_ENV
     assert (MODEL / RELATIVE_ENV.removeprefix("$$TRITON_MODEL_DIRECTORY/")).resolve() == VENV
-    for shared in ("protocol.py", "decoupled.py", "loading.py", "engine_settings.py"):
+    for shared in (
+        "protocol.py",
+        "decoupled.py",
+        "detokenize.py",
+        "loading.py",
+        "engine_settings.py",
+    ):
         link = MODEL / "1" / shared
         assert link.is_symlink() and link.resolve() == (
             ROOT / "model_repository/smollm2/1" / shared

@@ -3,7 +3,9 @@
 With ``model_transaction_policy { decoupled: true }`` a request gets one response per generated
 token, holding the text that token added (empty while a multi-byte character is incomplete), then
 a last response flagged final with the rest (usually empty): its pieces joined are exactly its
-non-streaming answer (with ``return_full_text`` the prompt comes with the first piece). Triton
+non-streaming answer (with ``return_full_text`` the prompt comes with the first piece). Each
+piece is decoded from a few tokens only (``detokenize.py``); the final response's rest comes from
+the whole answer's decode. Triton
 serves such a model over ``/v2/models/<m>/generate_stream`` (server-sent events) and gRPC
 streaming. When every client of a batch has gone, generation stops at the next token.
 """
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import triton_python_backend_utils as pb_utils
 from transformers.generation.streamers import BaseStreamer
 
+from .detokenize import IncrementalText
 from .protocol import (
     Member,
     Prompts,
@@ -39,8 +42,10 @@ class PieceStreamer(BaseStreamer):
 
     ``senders[m]`` is the response sender of the request whose prompts are ``requests[m]``; their
     prompts are in the batch in that order. ``decode(prompt_ids, new_ids)`` is the function that
-    makes the non-streaming answer, so the pieces add up to that answer. ``generate()`` calls
-    :meth:`put` with each new token of every row; the caller calls :meth:`finish` once
+    makes the non-streaming answer, so the pieces add up to that answer; ``decode_ids(ids)`` is
+    the tokenizer's decode, which each piece comes from (:class:`IncrementalText`).
+    ``generate()`` calls :meth:`put` with each new token of every row; the caller calls
+    :meth:`finish` once
     ``generate()`` has returned, so that a failed generate sends errors, not a last piece.
     """
 
@@ -49,10 +54,11 @@ class PieceStreamer(BaseStreamer):
         senders: list,
         requests: list[Prompts],
         decode: Callable[[list[int], list[int]], str],
+        decode_ids: Callable[[list[int]], str],
         eos_ids: set[int],
     ) -> None:
         self.streams = [
-            RequestStream(sender, prompts)
+            RequestStream(sender, prompts, decode_ids)
             for sender, prompts in zip(senders, requests, strict=True)
         ]
         self.rows = [row for stream in self.streams for row in stream.rows]  # the batch's order
@@ -77,8 +83,7 @@ class PieceStreamer(BaseStreamer):
                 row.done = True
                 continue
             row.new.append(token)
-            piece = stable_piece(self.decode(row.ids, row.new), row.emitted)
-            row.emitted += piece
+            piece = row.next_piece()
             pieces.setdefault(row.stream, [""] * len(row.stream.rows))[row.index] = piece
             # a request batched with longer ones stops at its own max_tokens
             row.done = len(row.new) >= row.stream.prompts.settings.max_tokens
@@ -114,13 +119,17 @@ class RequestStream:
 
     sender: object  # the request's response sender
     prompts: Prompts
+    decode_ids: Callable[[list[int]], str]  # the tokenizer's decode, special tokens skipped
     rows: list[Row] = field(init=False)
     sent: bool = False  # a response went out already
     cancelled: bool = False  # its client went away
     finished: bool = False  # its final response went out
 
     def __post_init__(self) -> None:
-        self.rows = [Row(self, i, ids) for i, ids in enumerate(self.prompts.ids)]
+        self.rows = [
+            Row(self, i, ids, IncrementalText(ids, self.decode_ids))
+            for i, ids in enumerate(self.prompts.ids)
+        ]
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -142,9 +151,16 @@ class Row:
     stream: RequestStream
     index: int  # the prompt's place in its request
     ids: list[int]  # the prompt's token ids
+    text: IncrementalText  # decodes its new tokens a piece at a time
     new: list[int] = field(default_factory=list)  # the tokens generated for it
     emitted: str = ""  # the text sent for it
     done: bool = False  # ended (end-of-sequence token) or cancelled
+
+    def next_piece(self) -> str:
+        """The text its tokens since the last piece add, now counted as sent."""
+        piece = self.text.piece(self.new)
+        self.emitted += piece
+        return piece
 
 
 def read_decoupled(
@@ -183,13 +199,3 @@ def rest_of(row: Row, decode: Callable[[list[int], list[int]], str]) -> str:
         pb_utils.Logger.log_warn(f"streamed text diverged from {whole!r}")
         return ""
     return whole[len(row.emitted) :]
-
-
-def stable_piece(text: str, emitted: str) -> str:
-    """What of ``text`` (the answer so far) can be sent after ``emitted`` without taking back.
-
-    A trailing U+FFFD is a character whose bytes have not all arrived yet: it waits. Text that
-    no longer starts with what was sent (a tokenizer rewrote earlier text) waits for the end.
-    """
-    text = text.rstrip("\ufffd")
-    return text[len(emitted) :] if text.startswith(emitted) else ""

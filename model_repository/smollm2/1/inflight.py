@@ -13,12 +13,16 @@ their own thread) and one dispatcher thread of this module, which:
   answer (transformers' engine then stops for good: it cannot offload here);
 - sends each request's responses through its own response sender: one per token when the
   request says ``"stream": true`` (the same pieces as the decoupled model's, see
-  ``decoupled.py``), else one final response with the whole answer, which ``/generate`` needs;
+  ``decoupled.py``, each decoded from a few tokens: ``detokenize.py``), else one final response
+  with the whole answer, decoded once, which ``/generate`` needs;
 - frees the slot of a request whose client went away (closed HTTP connection, cancelled gRPC
   stream) at the next step;
-- runs a request that samples or sets a repetition penalty whole, with ``generate``, while the
-  engine pauses between two steps (transformers' engine decides sampling once for all its
-  requests): such a request gets exactly the answer of the other schedulers, ``seed`` included;
+- runs a request that samples or sets a repetition penalty whole, with ``generate``, in a side
+  lane: a thread of its own, one such request at a time, while the engine's streams go on
+  (transformers' engine decides sampling once for all its requests). The two share the cores and
+  the weights: ``generate`` runs on the model itself, or, for an eager-attention model, whose
+  attention the engine replaces with its paged one, on a twin that holds the same weight
+  tensors. Such a request gets exactly the answer of the other schedulers, ``seed`` included;
 - ends the stub process when the engine's thread dies, after failing every request with the
   reason. A Triton 2.51 Python model has no readiness of its own to report; a dead stub is what
   Triton (``Stub process ... is not healthy``) and ``labkit.server.unhealthy`` see, and what
@@ -34,19 +38,21 @@ finds ``max_queue_size`` requests already waiting is refused at once with UNAVAI
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
+import itertools
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import transformers
 import triton_python_backend_utils as pb_utils
 from transformers import GenerationConfig
 
-from .decoupled import FINAL, RequestStream, Row, rest_of, stable_piece
+from .decoupled import FINAL, RequestStream, Row, rest_of
 from .engine_settings import Limits, engine_settings
 from .protocol import (
     Prompts,
@@ -76,6 +82,17 @@ def runs_whole(settings: Settings) -> bool:
     return settings.do_sample or settings.repetition_penalty != 1.0
 
 
+def side_model(model):
+    """The model ``generate`` runs on while the engine runs: the model itself, unless the engine
+    will switch its attention (eager becomes "paged|eager", which ``generate`` cannot run); then a
+    twin that shares every parameter and buffer tensor (no weight is copied) and keeps its own
+    config. Call it before the engine is made: the twin must not copy the engine."""
+    if model.config._attn_implementation != "eager":
+        return model
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return copy.deepcopy(model, memo={id(tensor): tensor for tensor in tensors})
+
+
 def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
     for i, token in enumerate(tokens):
         if token in eos_ids:
@@ -101,8 +118,10 @@ class InflightEngine:
     """transformers' continuous-batching manager, fed by ``execute`` and drained by a dispatcher.
 
     ``decode(prompt_ids, new_ids)`` is the model's completion function (the non-streaming answer);
-    ``run_alone(sender, prompts)`` answers one request with ``generate`` and sends its final
-    response; ``on_crash()`` is called once the engine has died and its requests were failed.
+    ``decode_ids(ids)`` the tokenizer's decode, which streamed pieces come from;
+    ``run_alone(sender, prompts, model)`` answers one request with ``generate`` on ``model`` and
+    sends its final response (the side lane); ``on_crash()`` is called once the engine has died
+    and its requests were failed.
     """
 
     def __init__(
@@ -114,7 +133,8 @@ class InflightEngine:
         eos_ids: set[int],
         max_tokens: int,
         decode: Callable[[list[int], list[int]], str],
-        run_alone: Callable[[object, Prompts], None],
+        decode_ids: Callable[[list[int]], str],
+        run_alone: Callable[[object, Prompts, object], None],
         name: str,
         on_crash: Callable[[], None] | None = None,
     ) -> None:
@@ -122,6 +142,7 @@ class InflightEngine:
         self.limits = limits
         self.eos_ids = eos_ids
         self.decode = decode
+        self.decode_ids = decode_ids
         self.run_alone = run_alone
         self.name = name
         self.on_crash = on_crash or end_stub
@@ -131,12 +152,15 @@ class InflightEngine:
         )
         self._lock = threading.Lock()
         self._waiting: deque[Job] = deque()  # valid requests, first come first served
+        self._side: deque[Job] = deque()  # requests for the side lane (generate), in turn
+        self._side_wakes = threading.Condition(self._lock)
+        self._side_busy = False  # the side lane is answering one
         self._active: dict[str, tuple[Job, Row]] = {}  # engine request id -> its prompt
         self._running = 0  # prompts in the engine
         self._reserved = 0  # KV blocks they reserved
         self._serial = 0
         self._stopping = threading.Event()
-        self._attention = model.config._attn_implementation
+        self.side_model = side_model(model)
         self.manager = model.init_continuous_batching(
             generation_config=GenerationConfig(
                 max_new_tokens=max_tokens,
@@ -147,6 +171,9 @@ class InflightEngine:
             continuous_batching_config=ContinuousBatchingConfig(**engine_settings(limits)),
         )
         self._thread = threading.Thread(target=self._run, name=f"{name}-inflight", daemon=True)
+        self._side_thread = threading.Thread(
+            target=self._run_side, name=f"{name}-side", daemon=True
+        )
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self, warmup_ids: list[int], timeout_s: float = 300.0) -> None:
@@ -179,12 +206,16 @@ class InflightEngine:
                 f"kv_blocks={self.limits.kv_blocks}; lower kv_blocks"
             )
         self._thread.start()
+        self._side_thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the dispatcher and the engine; requests still here get an UNAVAILABLE answer."""
         self._stopping.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        with self._lock:
+            self._side_wakes.notify_all()
+        for thread in (self._thread, self._side_thread):
+            if thread.is_alive():
+                thread.join(timeout_s)
         message = f"model {self.name!r} is being unloaded; retry once it is loaded again"
         self._send_all(self._take_all(), lambda: busy_response(message))
         with contextlib.suppress(Exception):  # a dead engine has nothing to stop
@@ -194,7 +225,7 @@ class InflightEngine:
     # -- what execute calls -----------------------------------------------------------------------
     def submit(self, sender, prompts: Prompts) -> None:
         """Take one valid request: admit it, queue it, or refuse it at once (too big, busy)."""
-        stream = RequestStream(sender, prompts)
+        stream = RequestStream(sender, prompts, self.decode_ids)
         problem = self._never_fits(prompts)
         if problem:
             sender.send(error_response(problem), flags=FINAL)
@@ -205,11 +236,16 @@ class InflightEngine:
             runs_whole(prompts.settings),
         )
         with self._lock:
-            refusal = self._refusal()
+            refusal = self._refusal(job)
             if refusal is None:
-                self._waiting.append(job)
-                self._admit()
-                waits = not job.whole and not job.rids  # generate() requests always wait their turn
+                if job.whole:
+                    waits = self._side_busy or bool(self._side)
+                    self._side.append(job)
+                    self._side_wakes.notify()
+                else:
+                    self._waiting.append(job)
+                    self._admit()
+                    waits = not job.rids
                 self.stats["waited"] += waits
                 room = self._room()
             else:
@@ -224,7 +260,8 @@ class InflightEngine:
         limits = self.limits
         return (
             f"{self._running}/{limits.max_running_requests} slots and {self._reserved}/"
-            f"{limits.kv_blocks} KV blocks taken, {len(self._waiting)} requests waiting"
+            f"{limits.kv_blocks} KV blocks taken, {len(self._waiting)} requests waiting, "
+            f"{len(self._side) + self._side_busy} in the side lane"
         )
 
     def _never_fits(self, prompts: Prompts) -> str | None:
@@ -247,8 +284,8 @@ class InflightEngine:
             )
         return None
 
-    def _refusal(self) -> str | None:
-        """Why a new request cannot wait here now (called with the lock held), or None."""
+    def _refusal(self, job: Job) -> str | None:
+        """Why ``job`` cannot wait here now (called with the lock held), or None."""
         if self.failure is not None:
             return (
                 f"the in-flight engine of {self.name!r} stopped ({self.failure}); the model "
@@ -256,23 +293,24 @@ class InflightEngine:
             )
         if self._stopping.is_set():
             return f"model {self.name!r} is being unloaded; retry once it is loaded again"
-        if len(self._waiting) >= self.limits.max_queue_size and not self._fits_now():
+        waiting = len(self._waiting) + len(self._side)
+        if waiting >= self.limits.max_queue_size and not self._fits_now(job):
             return (
-                f"busy: {self._running} prompts are generating and {len(self._waiting)} requests "
-                f"are waiting (max_queue_size={self.limits.max_queue_size}); retry later"
+                f"busy: {self._running + self._side_busy} prompts are generating and {waiting} "
+                f"requests are waiting (max_queue_size={self.limits.max_queue_size}); retry later"
             )
         return None
 
-    def _fits_now(self) -> bool:
-        """Whether a request arriving now would be admitted at once (nothing waits before it)."""
+    def _fits_now(self, job: Job) -> bool:
+        """Whether ``job`` would start at once (nothing waits before it, and there is room)."""
+        if job.whole:
+            return not self._side and not self._side_busy
         return not self._waiting and self._running < self.limits.max_running_requests
 
     def _admit(self) -> None:
         """Move waiting requests into the engine, first come first served (lock held)."""
         while self._waiting and not self.failure:
             job = self._waiting[0]
-            if job.whole:
-                return  # the dispatcher runs it between two steps
             count, blocks = len(job.blocks), sum(job.blocks)
             if (
                 self._running + count > self.limits.max_running_requests
@@ -299,7 +337,6 @@ class InflightEngine:
         checked = last_stats = time.monotonic()
         try:
             while not self._stopping.is_set():
-                self._run_whole()
                 outbox: list[Callable[[], None]] = []
                 results = self._results(timeout_s=CANCEL_CHECK_S)
                 with self._lock:
@@ -348,8 +385,7 @@ class InflightEngine:
         self.stats["tokens"] += len(new) - len(row.new)
         row.new = new
         if grew and job.prompts.stream:
-            piece = stable_piece(self.decode(row.ids, row.new), row.emitted)
-            row.emitted += piece
+            piece = row.next_piece()
             pieces = [""] * len(job.stream.rows)
             pieces[row.index] = piece
             outbox.append(functools.partial(job.stream.send, pieces))
@@ -380,8 +416,9 @@ class InflightEngine:
             if rid in self._active:
                 self.manager.cancel_request(rid)
                 self._release(rid)
-        with contextlib.suppress(ValueError):
-            self._waiting.remove(job)
+        for waiting in (self._waiting, self._side):
+            with contextlib.suppress(ValueError):
+                waiting.remove(job)
         job.stream.cancel()
         outbox.append(functools.partial(_send_final, job.stream.sender, response))
 
@@ -389,7 +426,7 @@ class InflightEngine:
         """End every request whose client has gone; their slots go to the next in line."""
         with self._lock:
             jobs = list({id(job): job for job, _ in self._active.values()}.values())
-            jobs += list(self._waiting)
+            jobs += list(self._waiting) + list(self._side)
         gone = [job for job in jobs if job.stream.sender.is_cancelled()]
         if not gone:
             return
@@ -406,33 +443,30 @@ class InflightEngine:
             f"free ({room})"
         )
 
-    def _run_whole(self) -> None:
-        """Answer the first waiting request if it needs generate(), with the engine paused."""
-        with self._lock:
-            if not self._waiting or not self._waiting[0].whole:
-                return
-            job = self._waiting.popleft()
-        if job.stream.sender.is_cancelled():
-            _send_final(job.stream.sender, cancelled_response())
-            self.stats["cancelled"] += 1
-            return
-        with self._paused():
-            self.run_alone(job.stream.sender, job.prompts)
-        self.stats["answered"] += 1
-
-    @contextlib.contextmanager
-    def _paused(self) -> Iterator[None]:
-        """The engine waits between two steps; the model has its own attention back meanwhile."""
-        with self.manager.pause():
-            switched = self.model.config._attn_implementation != self._attention
-            if switched:
-                engine_attention = self.model.config._attn_implementation
-                self.model.set_attn_implementation(self._attention)
+    # -- the side lane -----------------------------------------------------------------------------
+    def _run_side(self) -> None:
+        """Answer each request that samples, one at a time, with generate(), beside the engine."""
+        while True:
+            with self._lock:
+                while not self._side and not self._stopping.is_set():
+                    self._side_wakes.wait()
+                if self._stopping.is_set():
+                    return
+                job = self._side.popleft()
+                self._side_busy = True
             try:
-                yield
-            finally:
-                if switched:
-                    self.model.set_attn_implementation(engine_attention)
+                if job.stream.sender.is_cancelled():
+                    _send_final(job.stream.sender, cancelled_response())
+                    outcome = "cancelled"
+                else:
+                    self.run_alone(job.stream.sender, job.prompts, self.side_model)
+                    outcome = "answered"
+            except Exception as exc:  # noqa: BLE001 (one request's fault must not end the lane)
+                pb_utils.Logger.log_error(f"{self.name}: side-lane request failed: {exc!r}")
+                outcome = "failed"
+            with self._lock:
+                self._side_busy = False
+                self.stats[outcome] += 1
 
     # -- when the engine dies ---------------------------------------------------------------------
     def _crashed(self, exc: BaseException) -> None:
@@ -458,9 +492,10 @@ class InflightEngine:
     def _take_all(self) -> list[Job]:
         with self._lock:
             jobs = list({id(job): job for job, _ in self._active.values()}.values())
-            jobs += list(self._waiting)
+            jobs += list(self._waiting) + list(self._side)
             self._active.clear()
             self._waiting.clear()
+            self._side.clear()
             self._running = self._reserved = 0
         return jobs
 

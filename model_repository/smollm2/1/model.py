@@ -10,6 +10,7 @@ in an NGC ``tritonserver`` container, where labkit is not installed.
 
 from __future__ import annotations
 
+import functools
 import json
 
 import torch
@@ -45,6 +46,7 @@ class TritonPythonModel:
         loaded = load(options, args)
         self.tokenizer, self.model, self.device = loaded.tokenizer, loaded.model, loaded.device
         self.eos_ids = loaded.eos_ids
+        self.decode_ids = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         # num_threads, else this instance's share of the cores (see thread_budget)
         threads = options.num_threads or thread_budget(instance_count(config))
         torch.set_num_threads(threads)
@@ -98,12 +100,13 @@ class TritonPythonModel:
                 start = stop
         return responses
 
-    def _stream(self, senders: list, members: list[Member], settings: Settings) -> None:
+    def _stream(self, senders: list, members: list[Member], settings: Settings, model=None) -> None:
         """One ``generate`` for ``members``, each new token sent to its request as it comes."""
         prompts = [member.prompts for member in members]
-        streamer = PieceStreamer(senders, prompts, self.completion, self.eos_ids)
+        streamer = PieceStreamer(senders, prompts, self.completion, self.decode_ids, self.eos_ids)
         try:
-            self.generate_ids(token_ids(members), settings, row_limits(members), streamer)
+            limits = row_limits(members)
+            self.generate_ids(token_ids(members), settings, limits, streamer, model=model)
             streamer.finish()
         except Exception as exc:  # noqa: BLE001 (one bad batch must not stop the model)
             unfinished = [s.sender for s in streamer.streams if not s.finished]
@@ -116,11 +119,12 @@ class TritonPythonModel:
         settings: Settings,
         limits: list[int] | None = None,
         streamer: BaseStreamer | None = None,
+        model=None,
     ) -> list[str]:
         """Generate for all token sequences at once (left-padded: a prompt's greedy answer in a
         batch equals its answer alone), to ``settings.max_tokens``; return each one's new text,
         cut at its own limit in ``limits`` when given. A ``streamer`` gets each new token as it
-        is made."""
+        is made. ``model`` (default: this instance's) is the in-flight engine's side-lane twin."""
         batch = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
         batch = {k: v.to(self.device) for k, v in batch.items()}
         config = GenerationConfig(
@@ -136,7 +140,8 @@ class TritonPythonModel:
             config.top_p = settings.top_p
             if settings.seed is not None:
                 torch.manual_seed(settings.seed)
-        output = self.model.generate(**batch, generation_config=config, streamer=streamer)
+        model = self.model if model is None else model
+        output = model.generate(**batch, generation_config=config, streamer=streamer)
         width = batch["input_ids"].shape[1]
         texts = []
         for row, (seq, prompt) in enumerate(zip(output, ids, strict=True)):
@@ -172,20 +177,21 @@ class TritonPythonModel:
             eos_ids=self.eos_ids,
             max_tokens=options.defaults.max_tokens,
             decode=self.completion,
+            decode_ids=self.decode_ids,
             run_alone=self._answer_alone,
             name=self.name,
         )
         engine.start(self.tokenizer("Hello")["input_ids"])
         return engine
 
-    def _answer_alone(self, sender, prompts: Prompts) -> None:
-        """One request through ``generate``, streamed if it asked: the engine's side lane for
-        requests that sample or set a repetition penalty (see ``inflight.py``)."""
+    def _answer_alone(self, sender, prompts: Prompts, model) -> None:
+        """One request through ``generate`` on ``model``, streamed if it asked: the engine's
+        side lane for requests that sample or set a repetition penalty (see ``inflight.py``)."""
         if prompts.stream:
-            self._stream([sender], [Member(index=0, prompts=prompts)], prompts.settings)
+            self._stream([sender], [Member(index=0, prompts=prompts)], prompts.settings, model)
             return
         try:
-            completions = self.generate_ids(prompts.ids, prompts.settings)
+            completions = self.generate_ids(prompts.ids, prompts.settings, model=model)
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
             end_streams([sender], exc, self.name)
             return

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import triton_python_backend_utils as pb_utils
 
-from .decoupled import FINAL, stable_piece
+from .decoupled import FINAL
+from .detokenize import IncrementalText
 from .protocol import (
     Prompts,
     Settings,
@@ -77,6 +78,7 @@ class Job:
     ids: list[str]  # the engine's request id of each prompt
     new: list[list[int]] = field(default_factory=list)  # each prompt's tokens so far
     emitted: list[str] = field(default_factory=list)  # each prompt's text sent so far
+    texts: list[IncrementalText] = field(default_factory=list)  # each prompt's pieces, decoded
     sent: bool = False  # a response went out already
     # Its final response went out: its sender is never touched again (Triton 2.51 crashes in
     # is_cancelled() of a request whose final response was sent).
@@ -94,6 +96,7 @@ class VllmEngine:
         options: EngineOptions,
         weights: str,
         decode: Callable[[list[int], list[int]], str],
+        decode_ids: Callable[[list[int]], str],
         eos_ids: set[int],
         metrics: EngineMetrics,
     ) -> None:
@@ -101,6 +104,7 @@ class VllmEngine:
         self.options = options
         self.weights = weights
         self.decode = decode  # (prompt ids, new ids) -> the answer's text, as smollm2 makes it
+        self.decode_ids = decode_ids  # the tokenizer's decode: each streamed piece's text
         self.eos_ids = eos_ids
         self.metrics = metrics
         self.limit = queue_limit(options)
@@ -187,6 +191,7 @@ class VllmEngine:
                 job = Job(sender, prompts, [f"{self.name}-{number}-{i}" for i in range(count)])
                 job.new = [[] for _ in range(count)]
                 job.emitted = [""] * count
+                job.texts = [IncrementalText(ids, self.decode_ids) for ids in prompts.ids]
                 self._jobs.add(job)
             else:
                 self.stats["busy"] += 1
@@ -293,7 +298,7 @@ class VllmEngine:
         job.new[index] = tokens
         if not (grew and job.prompts.stream):
             return
-        piece = stable_piece(self.decode(job.prompts.ids[index], tokens), job.emitted[index])
+        piece = job.texts[index].piece(tokens)
         job.emitted[index] += piece
         pieces = [""] * len(job.ids)
         pieces[index] = piece

@@ -69,6 +69,7 @@ class TritonPythonModel:
             engine_options,
             weights,
             decode=functools.partial(completion, self.tokenizer),
+            decode_ids=functools.partial(self.tokenizer.decode, skip_special_tokens=True),
             eos_ids=end_of_sequence_ids(described, self.tokenizer),
             metrics=EngineMetrics(self.name),
         )

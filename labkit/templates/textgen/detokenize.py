@@ -1,0 +1,1 @@
+../../../model_repository/smollm2/1/detokenize.py

@@ -1,0 +1,1 @@
+../../smollm2/1/detokenize.py
