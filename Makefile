@@ -21,15 +21,15 @@ check: install
 	$(BIN)/python -m pytest -p no:cacheprovider -m "$(FAST_TIER)"
 
 # The whole suite, then its 15 slowest items, on TEST_WORKERS pytest-xdist workers. A file runs
-# whole on one worker (tests/conftest.py groups them and orders them heaviest first; xdist's own
-# reorder, by number of tests, is off), so its shared server starts once. Two
+# whole on one worker (--dist loadfile), so its shared server starts once; tests/conftest.py
+# orders the files heaviest first (xdist's own reorder, by number of tests, is off). Two
 # workers on two cores: most of a serial run waits on servers, kernels and tools (its processes
 # used under half the machine), and the suite took 39 minutes serially.
 TEST_WORKERS ?= 2
 
 test: install
 	$(BIN)/ruff check labkit tests conftest.py
-	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it.

@@ -323,35 +323,24 @@ def imported_as_triton_does(version_dir: Path, module: str = "model"):
 SCHEDULE_WEIGHT_S = {"notebook": 150.0, "slow": 40.0, "browser": 40.0, "integration": 5.0}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """nbmake's items (the shipped notebooks) get the ``notebook`` marker, so ``-m notebook``
     selects them.
 
-    Every test is also grouped by its file (``xdist_group``): under ``make test``'s ``--dist
-    loadgroup`` a file runs whole on one worker, so a module's shared server starts once. In a
-    worker, the files are ordered heaviest first (:func:`schedule_weight`), so that the long
-    notebooks do not start last and leave one worker running alone at the end."""
+    Under ``make test``'s ``--dist loadfile`` a file runs whole on one worker, so a module's
+    shared server starts once. xdist queues the files in collection order; in a worker, that
+    order is heaviest first (:func:`schedule_weight`), so that the long notebooks do not start
+    last and leave one worker running alone at the end."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(schedule_group(item)))
     if hasattr(config, "workerinput"):  # an xdist worker: the order is the scheduler's queue
-        weights: dict[str, float] = {}
+        weights: dict[Path, float] = {}
         for item in items:
-            group = schedule_group(item)
-            weights[group] = weights.get(group, 0.0) + schedule_weight(item)
+            weights[item.path] = weights.get(item.path, 0.0) + schedule_weight(item)
         # sort is stable: the items of a file keep their order, files of equal weight theirs
-        items.sort(key=lambda item: -weights[schedule_group(item)])
-
-
-def schedule_group(item: pytest.Item) -> str:
-    """The xdist group of ``item``: its own ``xdist_group`` mark's name, else its file."""
-    mark = item.get_closest_marker("xdist_group")
-    if mark is not None:
-        return mark.args[0] if mark.args else mark.kwargs.get("name", "default")
-    return item.path.relative_to(item.config.rootpath).as_posix()
+        items.sort(key=lambda item: -weights[item.path])
 
 
 def schedule_weight(item: pytest.Item) -> float:
