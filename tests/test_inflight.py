@@ -11,6 +11,7 @@ models; the lab's tiny Falcon is not one of them): ``tl`` (plain, the reference)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -514,6 +515,21 @@ class FakeLogger:
     log_info = log_warn = log_error = staticmethod(lambda text: FakeLogger.lines.append(text))
 
 
+@contextlib.contextmanager
+def inflight_in_process(monkeypatch):
+    """``inflight.py`` imported as Triton does, with stand-ins for the stub's response classes
+    (C++ in a real stub)."""
+    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
+        for name, fake in (
+            ("TritonError", FakeError),
+            ("InferenceResponse", FakeResponse),
+            ("Tensor", lambda name, array: (name, array)),
+            ("Logger", FakeLogger),
+        ):
+            monkeypatch.setattr(inflight.pb_utils, name, fake, raising=False)
+        yield inflight
+
+
 def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_in_process(
     tiny_llama, monkeypatch
 ):
@@ -524,14 +540,7 @@ def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
-    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
-        for name, fake in (
-            ("TritonError", FakeError),
-            ("InferenceResponse", FakeResponse),
-            ("Tensor", lambda name, array: (name, array)),
-            ("Logger", FakeLogger),
-        ):
-            monkeypatch.setattr(inflight.pb_utils, name, fake, raising=False)
+    with inflight_in_process(monkeypatch) as inflight:
         ended = threading.Event()
         engine = inflight.InflightEngine(
             model,
@@ -597,14 +606,7 @@ def test_a_request_that_samples_runs_beside_the_engine_whose_streams_go_on_in_pr
     config = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
         before = model.generate(**ids, generation_config=config).tolist()
-    with imported_as_triton_does(TEMPLATE, "inflight") as inflight:
-        for name, fake in (
-            ("TritonError", FakeError),
-            ("InferenceResponse", FakeResponse),
-            ("Tensor", lambda name, array: (name, array)),
-            ("Logger", FakeLogger),
-        ):
-            monkeypatch.setattr(inflight.pb_utils, name, fake, raising=False)
+    with inflight_in_process(monkeypatch) as inflight:
         greedy, sampled = FakeSender(), FakeSender()
         beside: dict[str, object] = {}
 
