@@ -10,7 +10,7 @@ Its pieces join to the answer that ``protocol.completion`` decodes whole: text i
 token where it ends on a complete character, and never taken back. A window whose text would
 rewrite what was sent (a tokenizer whose decode of more tokens changes earlier text) sends nothing;
 the tokens wait, and the streamer's final response carries what the whole decode adds. This file
-imports only the standard library, so labkit's bench loads it by path outside Triton.
+imports only the standard library, so the tests load it by path outside Triton.
 """
 
 from __future__ import annotations
