@@ -544,6 +544,8 @@ def pytest_sessionstart(session):
     config = session.config
     if not config.getoption("--busy-core", default=False):
         return
+    if hasattr(config, "workerinput"):  # under xdist the controller spins, once for the run
+        return
     spinner = subprocess.Popen(
         [sys.executable, "-c", SPINNER, str(BUSY_CORE_BOUND_S)],
         stdin=subprocess.DEVNULL,
