@@ -26,17 +26,18 @@ check: install
 # workers on two cores: most of a serial run waits on servers, kernels and tools (its processes
 # used under half the machine), and the suite took 39 minutes serially.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: install
 	$(BIN)/ruff check labkit tests conftest.py
-	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 $(XDIST)
 
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it. It runs on
 # make test's workers, so the two workers and the spinner share two cores: more load than one
-# worker beside the spinner, and about 30 minutes instead of 45.
+# worker beside the spinner, and 32-34 minutes on a fresh clone instead of about 45.
 test-loaded: install
-	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 $(XDIST)
 
 lint: install
 	$(BIN)/ruff check labkit tests conftest.py
