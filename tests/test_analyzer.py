@@ -160,15 +160,20 @@ def test_the_interrupts_that_stop_model_analyzer_at_once_are_its_own_count():
 
 
 @pytest.mark.integration  # writing the config locates perf_analyzer (it runs --version)
-def test_the_search_gives_perf_analyzer_its_stability_rule(tmp_path):
+@pytest.mark.parametrize(
+    ("stability", "given"),
+    [(50, (50, 6)), (None, (100_000_000, 3))],
+    ids=["a rule: its percentage and trials", "no rule: exactly three windows"],
+)
+def test_the_search_gives_perf_analyzer_its_stability_rule(tmp_path, stability, given):
     import yaml
 
     settings = analyzer.AnalyzerSettings(
-        models=["m"], stability_percentage=50, max_trials=6, cpu_only=True
+        models=["m"], stability_percentage=stability, max_trials=6, cpu_only=True
     )
     written = yaml.safe_load(
         analyzer.write_config(tmp_path / "repo", tmp_path, settings).read_text()
     )
     flags = written["perf_analyzer_flags"]
-    assert (flags["stability-percentage"], flags["max-trials"]) == (50, 6)
+    assert (flags["stability-percentage"], flags["max-trials"]) == given
     assert flags["measurement-mode"] == "count_windows"

@@ -229,6 +229,42 @@ def test_a_measurement_unsettled_even_at_1000_percent_is_still_reported_not_rais
 
 
 @pytest.mark.integration
+def test_without_a_rule_even_an_erratic_level_is_three_windows_in_one_run(server, tmp_path):
+    """``stability_percentage=None``: the same work whatever the machine does. The erratic model,
+    which settles at no percentage (above), is measured once, in exactly three windows."""
+    frame = profiling.perf_analyzer(
+        server,
+        "erratic",
+        stability_percentage=None,
+        max_trials=50,
+        run_dir=tmp_path,
+        **TINY_WINDOWS,
+    )
+    log_text = (tmp_path / "erratic-c1.log").read_text()
+    command = log_text.splitlines()[0].split()
+    assert command[-2:] == ["--stability-percentage=100000000", "--max-trials=3"], command
+    assert "# status 0" in log_text
+    assert not (tmp_path / "erratic-c1.unsettled.log").exists()
+    assert frame.loc[0, "stable"] and frame.loc[0, "request_count"] >= 3 * 3, frame.T
+
+
+@pytest.mark.integration
+def test_without_a_rule_windows_too_slow_for_the_bound_are_named(server, tmp_path):
+    """Three windows of three 2 s requests (18 s) cannot fit a 4 s bound: the error says so and
+    what to change, in one bound (no second run)."""
+    with pytest.raises(ToolTimeoutError, match=r"'glacial' at concurrency 1 in three windows"):
+        profiling.perf_analyzer(
+            server,
+            "glacial",
+            stability_percentage=None,
+            timeout_s=4,
+            run_dir=tmp_path,
+            **TINY_WINDOWS,
+        )
+    assert "ran past its bound of 4 s" in (tmp_path / "glacial-c1.log").read_text()
+
+
+@pytest.mark.integration
 def test_a_measurement_still_settling_at_its_bound_is_measured_once_more_not_raised(
     server, tmp_path
 ):

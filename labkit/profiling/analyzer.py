@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
 from labkit.proc import free_port, kill_group, spawn, tail
-from labkit.profiling.perf import locate_perf_analyzer
+from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer
 from labkit.repository import read_config
 from labkit.server import locate_tritonserver, reload
 
@@ -91,7 +91,9 @@ class AnalyzerSettings:
     # measures the config all over again with 50 more requests a window, up to 10 times, and the
     # search's time goes into windows that rank nothing. The search only ranks configurations; a
     # winner is measured again, repeated, against the default (notebook 04's noise band).
-    stability_percentage: int = 10
+    # ``stability_percentage=None`` drops the rule: every configuration is measured in exactly
+    # three windows, the same work whatever the machine is doing (``max_trials`` is unused then).
+    stability_percentage: int | None = 10
     max_trials: int = 10
     perf_analyzer_timeout_s: int = 120
     client_protocol: str = "http"
@@ -178,8 +180,11 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
     flags = {
         "measurement-mode": "count_windows",
         "measurement-request-count": s.measurement_request_count,
-        "stability-percentage": s.stability_percentage,
-        "max-trials": s.max_trials,
+        **(
+            FIXED_WINDOWS_FLAGS
+            if s.stability_percentage is None
+            else {"stability-percentage": s.stability_percentage, "max-trials": s.max_trials}
+        ),
     }
     if s.string_data is not None:
         flags["string-data"] = s.string_data

@@ -63,6 +63,11 @@ _UNSTABLE = "Failed to obtain stable measurement"
 #: (max/min <= 11) still failed on a loaded 2-core machine, where one window's latency was 16x
 #: another's; at this value only an empty window can fail, which count_windows never has.
 _NO_STABILITY_RULE = 1e8
+
+#: perf_analyzer's flags for a measurement of exactly three windows (its stability window)
+#: without the stability rule: what ``stability_percentage=None`` asks for, and the retry of a
+#: level that did not settle. The last of a repeated flag is the one perf_analyzer keeps.
+FIXED_WINDOWS_FLAGS = {"stability-percentage": int(_NO_STABILITY_RULE), "max-trials": 3}
 #: The share of a level's bound its first run (with the stability rule) may use; the rest is left
 #: to the run without the rule, so one level never takes more than its bound.
 _FIRST_RUN_SHARE = 2 / 3
@@ -193,7 +198,7 @@ def perf_analyzer(
     measurement_interval_ms: int = 2000,
     measurement_mode: str = "time_windows",
     measurement_request_count: int | None = None,
-    stability_percentage: float = 30.0,
+    stability_percentage: float | None = 30.0,
     max_trials: int = 8,
     collect_metrics: bool = True,
     metrics_url: str | None = None,
@@ -213,7 +218,11 @@ def perf_analyzer(
     execution count during the level. ``timeout_s`` bounds each level, both of its runs together:
     a level whose numbers did not settle (perf_analyzer gave up, or was still trying after two
     thirds of the bound) is measured once more without the stability rule, in what is left of
-    the bound, and kept with ``stable=False``.
+    the bound, and kept with ``stable=False``. ``stability_percentage=None`` measures every level
+    in exactly three windows, without the rule: a fixed amount of work, whatever the machine is
+    doing (on a shared host the rule decides how long a sweep takes more than what it
+    measures; repeats show the noise instead). Such levels have ``stable=True``: there was
+    nothing to settle.
 
     Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input),
     and :class:`ToolTimeoutError` when a level cannot be measured within ``timeout_s`` even
@@ -276,7 +285,7 @@ def _measure(
     tool: Tool,
     base: list[str],
     level: int,
-    stability: float,
+    stability: float | None,
     run_dir: Path,
     name: str,
     timeout_s: float,
@@ -287,13 +296,28 @@ def _measure(
     stable = True
     deadline = time.monotonic() + timeout_s
     first_bound = timeout_s * _FIRST_RUN_SHARE
-    try:
-        result = _run(tool, [*args, f"--stability-percentage={stability:g}"], first_bound, stem)
-        unsettled = result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr
-        why = f"within {stability:g}%"
-    except ToolTimeoutError as exc:  # still trying to settle: a loaded machine, or slow windows
-        stem.with_suffix(".log").write_text(f"{exc}\n")
-        unsettled, why = True, f"within {stability:g}% in {first_bound:.0f} s"
+    no_rule = [*args, *(f"--{flag}={value}" for flag, value in FIXED_WINDOWS_FLAGS.items())]
+    if stability is None:  # three windows, as asked: nothing to settle, the whole bound for them
+        try:
+            result = _run(tool, no_rule, timeout_s, stem)
+        except ToolTimeoutError as exc:
+            stem.with_suffix(".log").write_text(f"{exc}\n")
+            raise ToolTimeoutError(
+                f"perf_analyzer could not measure {name!r} at concurrency {level} in three "
+                f"windows within its bound of {timeout_s:g} s. Its windows are too slow for this "
+                "bound on this machine: lower measurement_request_count (or "
+                f"measurement_interval_ms), or raise timeout_s. Output: {stem}.log"
+            ) from None
+        unsettled, why = False, ""
+    else:
+        try:
+            rule = f"--stability-percentage={stability:g}"
+            result = _run(tool, [*args, rule], first_bound, stem)
+            unsettled = result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr
+            why = f"within {stability:g}%"
+        except ToolTimeoutError as exc:  # still trying to settle: a loaded machine, slow windows
+            stem.with_suffix(".log").write_text(f"{exc}\n")
+            unsettled, why = True, f"within {stability:g}% in {first_bound:.0f} s"
     if unsettled:
         left = max(deadline - time.monotonic(), 1.0)
         # Not a warning: the sweep's ``stable`` column and the lesson's words say it to the
@@ -308,7 +332,6 @@ def _measure(
         )
         stable = False
         stem.with_suffix(".log").replace(stem.with_suffix(".unsettled.log"))
-        no_rule = [*args, f"--stability-percentage={_NO_STABILITY_RULE:.0f}", "--max-trials=3"]
         try:
             result = _run(tool, no_rule, left, stem)
             retry_log = stem.with_suffix(".log")
