@@ -1,15 +1,15 @@
 """The vLLM rows of `labkit bench inflight`: the served model's engine settings become vLLM's own
 OpenAI server's command line unchanged, a missing environment is refused before anything runs,
-and the ratios against the standalone reference and the in-flight model are computed."""
+and the ratios against the standalone reference and the in-flight model are computed. The study
+itself, vLLM in Triton beside vLLM's own server, pinned, runs end to end in notebook 06."""
 
 from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
-from labkit import cli, hardware, profiling
+from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.llm_serving import figures, schedulers, standalone
 from labkit.repository import Repository
@@ -98,7 +98,6 @@ def test_the_bench_command_takes_the_vllm_options():
 
 
 def test_a_study_pins_its_servers_and_aiperf_apart_when_the_host_has_two_cores(monkeypatch):
-    from labkit import hardware
 
     assert hardware.split_cores((0, 1)) == ((0,), (1,))
     assert hardware.split_cores((0, 1, 2, 3)) == ((0, 1, 2), (3,))
@@ -112,60 +111,6 @@ def test_a_study_pins_its_servers_and_aiperf_apart_when_the_host_has_two_cores(m
     assert schedulers.StudySettings().check().cores() == (None, None)
     with pytest.raises(ConfigError, match="measure unpinned"):
         schedulers.StudySettings(pin=True).check()
-
-
-def _vllm_processes() -> list[str]:
-    """vLLM's processes that this test could have left: this process's descendants, and orphans
-    (a leftover's parent has gone). Another test's vLLM, on another xdist worker, is neither."""
-    ours = {p.pid for p in psutil.Process().children(recursive=True)}
-    found = []
-    for p in psutil.process_iter(["name", "cmdline", "ppid", "status"]):
-        if p.info["status"] == psutil.STATUS_ZOMBIE or (p.pid not in ours and p.info["ppid"] != 1):
-            continue
-        text = " ".join([p.info["name"] or "", *(p.info["cmdline"] or [])])
-        if "VLLM::" in text or "vllm.entrypoints" in text or "smollm2_vllm" in text:
-            found.append(f"{p.pid} {text[:120]}")
-    return found
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_bench_inflight_serves_vllm_in_triton_beside_its_own_server_pinned(tmp_path, capsys):
-    """The same checkpoint on vLLM through Triton and on vLLM's own OpenAI server, both measured
-    by AIPerf on the same workload, each pinned apart from AIPerf; float32 answers under load
-    equal the plain model's alone; nothing of either server is left running."""
-    profiling.locate_aiperf()  # the suite installs it: missing is a failure, not a skip
-    before = _vllm_processes()
-    out = tmp_path / "figures.json"
-    args = ["bench", "inflight", "--model-repository", str(project_root() / "model_repository"),
-            "--scheduler", "vllm", "--workload", "mixed", "--clients", "stream",
-            "--concurrency", "2", "--requests", "4", "--no-precision",
-            "--run-dir", str(tmp_path / "run"), "--json", str(out)]  # fmt: skip
-    assert cli.main(args) == 0
-    result = json.loads(out.read_text())
-    rows = {(r["scheduler"], r["concurrency"]): r for r in result["rows"]}
-    assert set(rows) == {("vllm", 2), ("vllm-standalone", 2)}
-    for r in rows.values():
-        assert r["failed"] == 0 and r["requests"] == 4 and r["output_tokens_per_s"] > 0
-        assert r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0
-    answers = result["vllm_answers"]["vllm"]
-    assert answers["equal_nonstreaming"] == answers["equal_streaming"] == answers["compared"] > 0
-    served_over_own = figures.ratios(result["rows"], result["limit"], concurrency=2)
-    assert result["limit"] == {} and result["precision"] is None  # no in-flight: no limit
-    assert served_over_own["vllm_served_vs_standalone_c2_mixed"] == figures.ratio(
-        rows["vllm", 2]["output_tokens_per_s"], rows["vllm-standalone", 2]["output_tokens_per_s"]
-    )
-    server, client = hardware.split_cores()
-    assert (result["host"]["server_cores"], result["host"]["client_cores"]) == (
-        hardware.format_cores(server), hardware.format_cores(client))  # fmt: skip
-    served = (tmp_path / "run" / "tritonserver.log").read_text(errors="replace")
-    # the model was unloaded after its level: its stub ended cleanly (it used to crash there)
-    assert "Segfault encountered" not in served and "Task was destroyed" not in served
-    log = (tmp_path / "run" / "vllm-standalone-smollm2_vllm.log").read_text()
-    assert "--served-model-name" in log.splitlines()[0]  # the command it ran, then its output
-    printed = capsys.readouterr().out
-    assert "vllm-standalone" in printed and "AIPerf to" in printed
-    assert _vllm_processes() == before
 
 
 def test_the_gpu_configs_carry_the_served_models_engine_settings(tmp_path):

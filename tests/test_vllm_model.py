@@ -553,8 +553,12 @@ def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_ba
     # an unload (finalize) shuts the new engine down and leaves no process behind either
     stub, children = engine_processes(server)
     assert len(children) >= 2  # EngineCore and its worker
+    logged = len(server_log(server))
     server.unload_model("smollm2_vllm")
     assert_ended([stub, *(p.pid for p in children)], "the unloaded model's processes")
+    # and its stub ended cleanly: every unload used to crash it in ResponseSender's destructor
+    unload = server_log(server)[logged:]
+    assert "Segfault encountered" not in unload and "Task was destroyed" not in unload, unload
 
 
 def assert_ended(pids: list[int], what: str) -> None:
