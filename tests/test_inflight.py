@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from conftest import imported_as_triton_does
+from conftest import imported_as_triton_does, wait_for
 from labkit import client, repository, streaming
 from labkit.errors import ConfigError, InferenceError, ServerError
 from labkit.repository import textgen
@@ -167,14 +167,6 @@ def server_log(server, since: int = 0) -> str:
 
 def log_count(server, text: str) -> int:
     return server_log(server).count(text)
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s} s"
-        time.sleep(0.1)
-    return value
 
 
 # -- the committed model folder and the engine's settings (no server) ---------------------------
