@@ -414,3 +414,27 @@ def servers_of(repo: os.PathLike) -> list[psutil.Process]:
         and p.info["status"] != psutil.STATUS_ZOMBIE
         and any(str(repo) in arg for arg in p.info["cmdline"] or [])
     ]
+
+
+def test_ports_picked_free_are_apart_even_when_the_os_hands_one_out_twice_with_a_fake_pick(
+    monkeypatch, tmp_path
+):
+    """A fresh clone's suite failed a module's server with 'the HTTP, gRPC and metrics ports must
+    differ': two picks in a row got the same free port. A fake pick makes the repeat certain."""
+    from labkit.proc import free_port
+    from labkit.server import process
+
+    asked = free_port()
+    handed = iter([asked, asked + 1, asked + 1, asked, asked + 2])
+    monkeypatch.setattr(process, "free_port", lambda *a: next(handed))
+    server = TritonServer(tmp_path, http_port=asked, grpc_port=0, metrics_port=0)
+    server._choose_ports()  # the asked one kept; the picks skip it and each other
+    assert server.ports == {"http": asked, "grpc": asked + 1, "metrics": asked + 2}
+
+    monkeypatch.setattr(process, "free_port", lambda *a: asked)
+    server = TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+    with pytest.raises(ServerError, match=r"no free grpc port apart from \{'http': \d+\} in 20"):
+        server._choose_ports()
+    twice = TritonServer(tmp_path, http_port=asked, grpc_port=0, metrics_port=asked)
+    with pytest.raises(ServerError, match="ports must differ"):
+        twice._choose_ports()

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 MODES = ("local", "docker", "remote")
+#: Free ports picked for one port asked as 0 before giving up on one apart from the others.
+_PORT_PICKS = 20
 #: Starts tried with newly picked free ports when another process took one before Triton bound it.
 PORT_ATTEMPTS = 3
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
@@ -277,19 +279,31 @@ class TritonServer(Addresses):
         return self
 
     def _choose_ports(self) -> None:
-        for kind, port in self._requested_ports.items():
-            if port == 0:
-                self.ports[kind] = free_port(self.host if self.host != "0.0.0.0" else "127.0.0.1")
+        """The ports asked for (each checked free), then a free one for each asked as 0, picked
+        apart from the others: the OS can hand the same free port to two picks in a row (a fresh
+        clone's suite once met http and metrics both on one port)."""
+        chosen = {kind: port for kind, port in self._requested_ports.items() if port != 0}
+        if len(set(chosen.values())) != len(chosen):
+            raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {chosen}")
+        for kind, port in chosen.items():
+            check_port_free(
+                port,
+                self.host,
+                what=f"{kind} port",
+                fix=f"pass {kind}_port=0 (labkit serve --{kind}-port 0) to pick a free one",
+            )
+        host = self.host if self.host != "0.0.0.0" else "127.0.0.1"
+        for kind in [k for k, port in self._requested_ports.items() if port == 0]:
+            for _ in range(_PORT_PICKS):
+                port = free_port(host)
+                if port not in chosen.values():
+                    chosen[kind] = port
+                    break
             else:
-                check_port_free(
-                    port,
-                    self.host,
-                    what=f"{kind} port",
-                    fix=f"pass {kind}_port=0 (labkit serve --{kind}-port 0) to pick a free one",
+                raise ServerError(
+                    f"no free {kind} port apart from {chosen} in {_PORT_PICKS} picks on {host}"
                 )
-                self.ports[kind] = port
-        if len(set(self.ports.values())) != 3:
-            raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {self.ports}")
+        self.ports = {kind: chosen[kind] for kind in self._requested_ports}
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Poll every endpoint this server was asked to open until all answer, against one deadline.
