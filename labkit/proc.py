@@ -103,11 +103,42 @@ def tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def _bound(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``port`` on ``host`` (0: the OS picks a free one)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """``count`` different ports free on ``host`` right now, none of them in ``avoid``.
+
+    Every pick stays bound until all are made: picks closed one at a time can get the same port
+    twice in a row (a fresh clone's suite once met a server's HTTP and metrics ports on one port).
+    A pick that lands in ``avoid`` (ports asked for, checked free but not bound) is held too, so
+    the loop ends after at most ``count + len(avoid)`` picks.
+    """
+    held: list[socket.socket] = []
+    picked: list[int] = []
+    try:
+        while len(picked) < count:
+            held.append(_bound(host))
+            port = held[-1].getsockname()[1]
+            if port not in avoid:
+                picked.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return picked
 
 
 def check_port_free(

@@ -155,13 +155,20 @@ def test_a_picked_free_port_taken_before_triton_binds_it_is_picked_again_with_a_
     # short to hit on purpose; the pick hands out a taken port first to make it certain.
     from labkit.server import process
 
-    real_pick = process.free_port
+    real_pick = process.free_ports
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
         handed = iter([taken])
-        monkeypatch.setattr(process, "free_port", lambda *a: next(handed, None) or real_pick(*a))
+
+        def pick(count, *args, **kwargs):  # the first start's HTTP port is the taken one
+            first = next(handed, None)
+            if first is None:
+                return real_pick(count, *args, **kwargs)
+            return [first, *real_pick(count - 1, *args, **kwargs)]
+
+        monkeypatch.setattr(process, "free_ports", pick)
         server = start_server(echo_repo)
         assert server.ports["http"] != taken
         assert generate(server, "echo", "abc") == "cba"
@@ -416,25 +423,34 @@ def servers_of(repo: os.PathLike) -> list[psutil.Process]:
     ]
 
 
-def test_ports_picked_free_are_apart_even_when_the_os_hands_one_out_twice_with_a_fake_pick(
-    monkeypatch, tmp_path
+def test_free_ports_are_apart_from_each_other_and_from_the_ports_to_avoid_with_a_fake_pick(
+    monkeypatch,
 ):
     """A fresh clone's suite failed a module's server with 'the HTTP, gRPC and metrics ports must
-    differ': two picks in a row got the same free port. A fake pick makes the repeat certain."""
+    differ': two picks in a row got the same free port. Picks held bound cannot repeat; one that
+    lands on a port asked for is skipped, which a fake first pick makes certain."""
+    from labkit import proc
+
+    many = proc.free_ports(40)
+    assert len(set(many)) == 40
+    avoided = proc.free_port()
+    real_bound = proc._bound
+    handed = iter([avoided])
+    monkeypatch.setattr(proc, "_bound", lambda host: real_bound(host, next(handed, 0)))
+    picked = proc.free_ports(3, avoid={avoided})
+    assert next(handed, None) is None  # the fake's pick was made, and skipped
+    assert avoided not in picked
+    assert len(set(picked)) == 3
+
+
+def test_a_server_keeps_the_ports_asked_for_and_picks_the_rest_apart_from_them(tmp_path):
     from labkit.proc import free_port
-    from labkit.server import process
 
     asked = free_port()
-    handed = iter([asked, asked + 1, asked + 1, asked, asked + 2])
-    monkeypatch.setattr(process, "free_port", lambda *a: next(handed))
     server = TritonServer(tmp_path, http_port=asked, grpc_port=0, metrics_port=0)
-    server._choose_ports()  # the asked one kept; the picks skip it and each other
-    assert server.ports == {"http": asked, "grpc": asked + 1, "metrics": asked + 2}
-
-    monkeypatch.setattr(process, "free_port", lambda *a: asked)
-    server = TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
-    with pytest.raises(ServerError, match=r"no free grpc port apart from \{'http': \d+\} in 20"):
-        server._choose_ports()
+    server._choose_ports()
+    assert server.ports["http"] == asked
+    assert len(set(server.ports.values())) == 3
     twice = TritonServer(tmp_path, http_port=asked, grpc_port=0, metrics_port=asked)
     with pytest.raises(ServerError, match="ports must differ"):
         twice._choose_ports()

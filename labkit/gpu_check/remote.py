@@ -487,7 +487,7 @@ class Server:
 
     def __init__(self, root: Path, repository: Path, stub_site: Path, log_path: Path) -> None:
         self.root, self.repository, self.log_path = root, repository, log_path
-        self.ports = {k: free_port() for k in ("http", "grpc", "metrics")}
+        self.ports = dict(zip(("http", "grpc", "metrics"), free_ports(3), strict=True))
         server = root / SERVER_DIR
         libdir = sysconfig.get_config_var("LIBDIR")
         self.command = [
@@ -668,10 +668,18 @@ def _ok(url: str) -> bool:
         return False
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` different free loopback ports: each pick stays bound until all are made, so the
+    OS cannot hand one port out twice (labkit.proc.free_ports; the bundle runs without labkit)."""
+    held = []
+    try:
+        for _ in range(count):
+            held.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            held[-1].bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def _prepend(first: str, rest: str | None) -> str:

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
-from labkit.proc import free_port, kill_group, spawn, tail
+from labkit.proc import free_ports, kill_group, spawn, tail
 from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer
 from labkit.repository import read_config
 from labkit.server import locate_tritonserver, reload
@@ -176,7 +176,7 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
     if not s.models:
         raise ConfigError("AnalyzerSettings.models is empty; name at least one model to profile")
     cpu_only = (not hardware.has_gpu()) if s.cpu_only is None else s.cpu_only
-    http, grpc, metrics = free_port(), free_port(), free_port()
+    http, grpc, metrics = free_ports(3)
     flags = {
         "measurement-mode": "count_windows",
         "measurement-request-count": s.measurement_request_count,

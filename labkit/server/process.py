@@ -31,7 +31,7 @@ from labkit.errors import MissingDependencyError, PortInUseError, ServerError, S
 from labkit.proc import (
     Addresses,
     check_port_free,
-    free_port,
+    free_ports,
     http_ok,
     kill_group,
     spawn,
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 MODES = ("local", "docker", "remote")
-#: Free ports picked for one port asked as 0 before giving up on one apart from the others.
-_PORT_PICKS = 20
 #: Starts tried with newly picked free ports when another process took one before Triton bound it.
 PORT_ATTEMPTS = 3
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
@@ -279,9 +277,8 @@ class TritonServer(Addresses):
         return self
 
     def _choose_ports(self) -> None:
-        """The ports asked for (each checked free), then a free one for each asked as 0, picked
-        apart from the others: the OS can hand the same free port to two picks in a row (a fresh
-        clone's suite once met http and metrics both on one port)."""
+        """The ports asked for (each checked free), then a free one for each asked as 0, apart
+        from each other and from those asked for (:func:`labkit.proc.free_ports`)."""
         chosen = {kind: port for kind, port in self._requested_ports.items() if port != 0}
         if len(set(chosen.values())) != len(chosen):
             raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {chosen}")
@@ -293,16 +290,9 @@ class TritonServer(Addresses):
                 fix=f"pass {kind}_port=0 (labkit serve --{kind}-port 0) to pick a free one",
             )
         host = self.host if self.host != "0.0.0.0" else "127.0.0.1"
-        for kind in [k for k, port in self._requested_ports.items() if port == 0]:
-            for _ in range(_PORT_PICKS):
-                port = free_port(host)
-                if port not in chosen.values():
-                    chosen[kind] = port
-                    break
-            else:
-                raise ServerError(
-                    f"no free {kind} port apart from {chosen} in {_PORT_PICKS} picks on {host}"
-                )
+        to_pick = [kind for kind, port in self._requested_ports.items() if port == 0]
+        picked = free_ports(len(to_pick), host, avoid=set(chosen.values()))
+        chosen.update(zip(to_pick, picked, strict=True))
         self.ports = {kind: chosen[kind] for kind in self._requested_ports}
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
