@@ -160,6 +160,7 @@ def _grpc_responses(
         # an error response on an open stream carries only its message, no status
         return _refused(model, status or "in stream", exc.message())
 
+    final = False
     try:
         client.start_stream(callback=lambda result, error: arrived.put((result, error)))
         started = time.perf_counter()
@@ -192,7 +193,10 @@ def _grpc_responses(
         raise refused(exc) from None
     finally:
         try:
-            client.stop_stream(cancel_requests=True)
+            # Cancel only a stream left mid-answer. Triton 2.51 can keep a request cancelled
+            # after its final response forever: the model then never unloads (finalize is not
+            # called) and the server waits out its whole exit timeout.
+            client.stop_stream(cancel_requests=not final)
         finally:
             client.close()
 

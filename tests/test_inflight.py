@@ -144,6 +144,7 @@ def grpc_stream(server, model: str, prompt: str, cancel_after: int | None = None
     tensor.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
     grpc.async_stream_infer(model, [tensor], parameters=params, enable_empty_final_response=True)
     pieces: list[str] = []
+    final = False
     try:
         while cancel_after is None or len(pieces) < cancel_after:
             result, error = arrived.get(timeout=120)
@@ -152,10 +153,11 @@ def grpc_stream(server, model: str, prompt: str, cancel_after: int | None = None
             output = result.as_numpy("text_output")
             if output is not None:
                 pieces.append(output.reshape(-1)[0].decode())
-            if result.get_response().parameters["triton_final_response"].bool_param:
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            if final:
                 break
     finally:
-        grpc.stop_stream(cancel_requests=True)
+        grpc.stop_stream(cancel_requests=not final)  # as labkit.streaming: see its comment
         grpc.close()
     return pieces
 
@@ -465,6 +467,10 @@ def test_a_killed_stub_is_unhealthy_and_recover_reloads_it_then_unload_stops_the
     wait_for(lambda: stubs(server).get("tlr", [victim]) != [victim], 60, "a new stub")
     assert client.generate(server.http_url, "tlr", "Hi").text.startswith("Hi")
     assert unhealthy(server) == {}
+    # Answers streamed whole over gRPC leave nothing behind: cancelling a stream after its final
+    # response once kept Triton from ever unloading the model (labkit.streaming).
+    for prompt in PROMPTS * 6:
+        assert "".join(streaming.stream(server.grpc_url, "tlr", prompt, "grpc"))
     server.unload_model("tlr")  # finalize stops the engine thread, which says so
     wait_for(lambda: log_count(server, "tlr: in-flight engine stopped"), 30, "the engine's stop")
 
