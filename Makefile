@@ -24,7 +24,9 @@ check: install
 # whole on one worker (--dist loadfile), so its shared server starts once; tests/conftest.py
 # orders the files heaviest first (xdist's own reorder, by number of tests, is off). Two
 # workers on two cores: most of a serial run waits on servers, kernels and tools (its processes
-# used under half the machine), and the suite took 39 minutes serially.
+# used under half the machine), and the suite took 39 minutes serially. Three workers, measured
+# on one fresh clone beside two: 30:12 against 27:06, with 31 errors (a tritonserver aborted
+# starting, boost::interprocess::lock_exception) and a vLLM stream that stalled 300 s.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -35,7 +37,7 @@ test: install
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it. It runs on
 # make test's workers, so the two workers and the spinner share two cores: more load than one
-# worker beside the spinner, and 32-34 minutes on a fresh clone instead of about 45.
+# worker beside the spinner: 32-34 minutes on a fresh clone at 358ae4b, 38:21 at 9c9b31d.
 test-loaded: install
 	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 $(XDIST)
 
