@@ -40,8 +40,12 @@ def server(tmp_path_factory, start_module_server):
 
 ERRATIC_MODEL = textwrap.dedent(
     '''
-    """Requests in blocks of three take 1 ms, 30 ms, then 0.9 s, over and over: any three
-    consecutive windows of three requests differ in latency and throughput by far more than 11x."""
+    """Requests in blocks of three: two blocks answered at once, then one that sleeps 2 s each, over
+    and over. Any nine consecutive requests (three windows of three) hold the three slow ones
+    together: one window has none of them, another two or three. With a per-request overhead of
+    o seconds, those windows' average latencies differ by at least (2 * 2 + o) / (3 * o), above
+    11x for any o under 0.12 s: no three windows settle within 1000%, even on a loaded machine
+    (blocks of 1 ms, 30 ms and 0.9 s settled there once, at o near 50 ms)."""
     import itertools
     import time
 
@@ -54,7 +58,7 @@ ERRATIC_MODEL = textwrap.dedent(
         def execute(self, requests):
             responses = []
             for request in requests:
-                time.sleep((0.001, 0.03, 0.9)[next(COUNTER) // 3 % 3])
+                time.sleep(2.0 if next(COUNTER) % 9 >= 6 else 0.0)
                 text = pb_utils.get_input_tensor_by_name(request, "text_input")
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", text.as_numpy())]))
             return responses
