@@ -316,10 +316,55 @@ def imported_as_triton_does(version_dir: Path, module: str = "model"):
             del sys.modules[name]
 
 
-# -- the notebooks carry the notebook marker; xdist hands out whole files, heaviest first --------
-#: What a test weighs when ``make test`` orders the files it hands to its workers, by its
-#: heaviest tier marker (seconds, roughly, as the suite's ``--durations`` shows them on 2 cores).
-#: Only the order depends on it: the heavier a file, the earlier it starts.
+# -- the notebooks carry the notebook marker; xdist hands out whole files, longest first -------
+#: Seconds each file took on its worker in a fresh clone's ``make test`` (7496075: 2 workers,
+#: 2 cores, 26:34 in all), the files of 5 s or more. Only the order the workers get files in
+#: depends on it: longest first, so that the two workers end together. Ordered by their tier
+#: markers, the files left test_aiperf.py (86 s) to run last, alone, for 97 s after the other
+#: worker had ended. Measure again (``--durations=0``, summed per file) when a file grows by a
+#: minute or more.
+FILE_SECONDS = {
+    "notebooks/06_inflight_batching.ipynb": 378,
+    "notebooks/04_model_analyzer.ipynb": 312,
+    "notebooks/03_dynamic_batching.ipynb": 253,
+    "notebooks/07_beyond_one_machine.ipynb": 224,
+    "tests/test_vllm_model.py": 173,
+    "tests/test_inflight.py": 144,
+    "tests/test_analyzer.py": 119,
+    "tests/test_gpu_check.py": 103,
+    "tests/test_profiling.py": 97,
+    "tests/test_secrets.py": 94,
+    "tests/test_faults.py": 93,
+    "tests/test_aiperf.py": 86,
+    "tests/test_bad_input_matrix.py": 86,
+    "tests/test_server.py": 85,
+    "notebooks/02_multiple_models.ipynb": 83,
+    "tests/test_textgen_server.py": 72,
+    "tests/test_load.py": 64,
+    "tests/test_neuron_serve.py": 60,
+    "tests/test_cluster.py": 51,
+    "tests/test_streaming.py": 50,
+    "tests/test_browser.py": 49,
+    "notebooks/01_deploy_transformer.ipynb": 47,
+    "tests/test_embedding.py": 42,
+    "notebooks/05_inferentia.ipynb": 40,
+    "tests/test_headless.py": 37,
+    "tests/test_doctor.py": 35,
+    "tests/test_deploy.py": 24,
+    "tests/test_capacity.py": 24,
+    "tests/test_live_config.py": 23,
+    "tests/test_image.py": 23,
+    "tests/test_client.py": 20,
+    "notebooks/00_setup_check.ipynb": 17,
+    "tests/test_bench.py": 17,
+    "tests/test_models.py": 12,
+    "tests/test_widgets.py": 10,
+    "tests/test_notebook_hygiene.py": 7,
+    "tests/test_report.py": 5,
+}
+
+#: What a test of a file not in :data:`FILE_SECONDS` weighs, by its heaviest tier marker
+#: (seconds, roughly): a new file is ordered by its markers until it is measured.
 SCHEDULE_WEIGHT_S = {"notebook": 150.0, "slow": 40.0, "browser": 40.0, "integration": 5.0}
 
 
@@ -330,21 +375,35 @@ def pytest_collection_modifyitems(config, items):
 
     Under ``make test``'s ``--dist loadfile`` a file runs whole on one worker, so a module's
     shared server starts once. xdist queues the files in collection order; in a worker, that
-    order is heaviest first (:func:`schedule_weight`), so that the long notebooks do not start
+    order is longest first (:func:`file_weights`), so that the long notebooks do not start
     last and leave one worker running alone at the end."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.notebook)
     if hasattr(config, "workerinput"):  # an xdist worker: the order is the scheduler's queue
-        weights: dict[Path, float] = {}
-        for item in items:
-            weights[item.path] = weights.get(item.path, 0.0) + schedule_weight(item)
+        weights = file_weights(items, config.rootpath)
         # sort is stable: the items of a file keep their order, files of equal weight theirs
         items.sort(key=lambda item: -weights[item.path])
 
 
+def file_weights(items: list[pytest.Item], root: Path) -> dict[Path, float]:
+    """How long each file of ``items`` is taken to run, for ordering only: its measured seconds
+    (:data:`FILE_SECONDS`), else the sum of its tests' :func:`schedule_weight`."""
+    weights: dict[Path, float] = {}
+    for item in items:
+        weights[item.path] = weights.get(item.path, 0.0) + schedule_weight(item)
+    for path in weights:
+        measured = FILE_SECONDS.get(
+            path.relative_to(root).as_posix() if path.is_relative_to(root) else ""
+        )
+        if measured is not None:
+            weights[path] = float(measured)
+    return weights
+
+
 def schedule_weight(item: pytest.Item) -> float:
-    """How long ``item`` is taken to run, for ordering only (:data:`SCHEDULE_WEIGHT_S`)."""
+    """How long ``item`` is taken to run by its markers, for ordering only
+    (:data:`SCHEDULE_WEIGHT_S`)."""
     return max(
         (w for name, w in SCHEDULE_WEIGHT_S.items() if item.get_closest_marker(name)), default=0.1
     )

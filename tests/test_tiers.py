@@ -8,19 +8,23 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import (
     FAST_TIER_LIMIT_S,
+    FILE_SECONDS,
     TIER_MARKERS,
     FastTierGuard,
     duration_fault,
+    file_weights,
     marker_for,
     process_fault,
     runs_a_fake,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 MARKERS_INI = "[pytest]\nmarkers =\n" + "".join(f"    {m}: a tier\n" for m in TIER_MARKERS)
 
 
@@ -141,3 +145,31 @@ def test_the_bound_is_20_s_and_the_slowest_are_listed_first():
     fault = duration_fault("t", "setup", 21.5, slowest, 20.0)
     assert fault is not None and "t's setup took 21.5 s, over the fast tier's 20 s" in fault
     assert [line.split()[-1] for line in fault.splitlines()[-5:]] == ["t0", "t1", "t2", "t3", "t4"]
+
+
+class Planted:
+    """A collected item as the schedule sees it: its file and its markers."""
+
+    def __init__(self, path: Path, *markers: str):
+        self.path, self.markers = path, markers
+
+    def get_closest_marker(self, name: str):
+        return name if name in self.markers else None
+
+
+def test_a_measured_file_weighs_its_seconds_and_a_new_one_the_sum_of_its_markers(tmp_path):
+    measured, new = tmp_path / "tests" / "test_aiperf.py", tmp_path / "tests" / "test_new.py"
+    items = [
+        Planted(measured, "integration"),
+        Planted(new, "integration"),
+        Planted(new, "integration", "slow"),
+        Planted(new),
+    ]
+    assert file_weights(items, tmp_path) == {measured: 86.0, new: 5.0 + 40.0 + 0.1}
+    elsewhere = Path("/elsewhere/tests/test_aiperf.py")  # not under the root: by its markers
+    assert file_weights([Planted(elsewhere, "notebook")], tmp_path) == {elsewhere: 150.0}
+
+
+def test_every_file_the_schedule_measured_is_still_in_the_suite():
+    gone = [name for name in FILE_SECONDS if not (ROOT / name).is_file()]
+    assert gone == [], f"rename or drop these in tests/conftest.py's FILE_SECONDS: {gone}"
