@@ -22,7 +22,8 @@ check: install
 
 # The whole suite, then its 15 slowest items, on TEST_WORKERS pytest-xdist workers. A file runs
 # whole on one worker (--dist loadfile), so its shared server starts once; tests/conftest.py
-# orders the files heaviest first (xdist's own reorder, by number of tests, is off). Two
+# orders the files longest first, by the seconds each took (FILE_SECONDS; xdist's own reorder,
+# by number of tests, is off): the two workers ended 1 s apart, against 97 s by markers. Two
 # workers on two cores: most of a serial run waits on servers, kernels and tools (its processes
 # used under half the machine), and the suite took 39 minutes serially. Three workers, measured
 # on one fresh clone beside two: 30:12 against 27:06, with 31 errors (a tritonserver aborted
@@ -37,7 +38,8 @@ test: install
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it. It runs on
 # make test's workers, so the two workers and the spinner share two cores: more load than one
-# worker beside the spinner: 32-34 minutes on a fresh clone at 358ae4b, 38:21 at 9c9b31d.
+# worker beside the spinner: 32-34 minutes on a fresh clone at 358ae4b, 38:21 at 9c9b31d, 30:21
+# at 6c8d3c1.
 test-loaded: install
 	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 $(XDIST)
 
