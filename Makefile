@@ -39,7 +39,7 @@ test: install
 # --busy-core): how a race that a loaded machine shows is found before CI finds it. It runs on
 # make test's workers, so the two workers and the spinner share two cores: more load than one
 # worker beside the spinner: 32-34 minutes on a fresh clone at 358ae4b, 38:21 at 9c9b31d, 30:21
-# at 6c8d3c1.
+# at 6c8d3c1, 26:07 at ed7e74c.
 test-loaded: install
 	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 $(XDIST)
 
