@@ -182,8 +182,9 @@ def test_each_replicas_models_are_told_how_many_servers_share_the_cores(cluster)
 
 def test_a_replica_gets_the_cluster_size_unless_the_user_sets_it(tmp_path):
     repo = echo_repository(tmp_path)
-    assert Cluster(repo, 3)._new_server(0).extra_env[SERVERS_ON_HOST] == "3"
-    mine = Cluster(repo, 3, server_options={"env": {SERVERS_ON_HOST: "1", "X": "y"}})
+    run = tmp_path / "run"  # without one, each Cluster makes a labkit-cluster-* folder in /tmp
+    assert Cluster(repo, 3, run_dir=run)._new_server(0).extra_env[SERVERS_ON_HOST] == "3"
+    mine = Cluster(repo, 3, run_dir=run, server_options={"env": {SERVERS_ON_HOST: "1", "X": "y"}})
     assert mine._new_server(0).extra_env == {SERVERS_ON_HOST: "1", "X": "y"}
 
 
