@@ -1,12 +1,17 @@
 """The whole suite's hooks (tests/ and notebooks/): an executed notebook must look clean.
 
 nbmake runs every shipped notebook. A notebook can pass (no exception) and still show a learner a
-red stderr box: a warning, a notice written to stderr, a traceback caught and printed. This hook
-fails such a notebook, naming the cell and quoting the stream, so the lesson on screen is the one
+red stderr box: a warning, a notice written to stderr, a traceback caught and printed. Or it can
+show what belongs in ``labkit bench``'s JSON, not in a lesson: a ratio key (``..._vs_...``), a
+repr (``Ratio(``, ``Conclusion(``), a benchmark target's "met:" or "not measured". This hook fails
+such a notebook, naming the cell and quoting what it showed, so the lesson on screen is the one
 the text describes.
 """
 
 from __future__ import annotations
+
+import json
+import re
 
 import nbmake.pytest_items
 from nbmake.nb_result import NotebookError, NotebookResult
@@ -27,17 +32,64 @@ def unclean_outputs(nb) -> list[tuple[int, str]]:
     return found
 
 
+#: What a learner must never read in a notebook's output: benchmark keys, reprs, target verdicts.
+INTERNAL = re.compile(r"_vs_|\bRatio\(|\bConclusion\(|\bmet:|\bnot measured\b")
+#: The scripts inside an HTML output (plotly.js, widget state): code, not words a learner reads.
+_SCRIPT = re.compile(r"<script\b.*?</script>", re.DOTALL | re.IGNORECASE)
+
+
+def _chart_words(figure: dict) -> str:
+    """A plotly figure's words: its trace names and its layout (titles, axes, annotations)."""
+    names = [str(trace.get("name", "")) for trace in figure.get("data", [])]
+    return "\n".join(names) + "\n" + json.dumps(figure.get("layout", {}))
+
+
+def _shown_text(output: dict) -> str:
+    """What one output shows a learner: its text, its HTML without scripts, a chart's words."""
+    if output.get("output_type") == "stream":
+        return "".join(output.get("text", ""))
+    data = output.get("data", {})
+    shown = []
+    for kind in ("text/plain", "text/markdown", "text/html"):
+        value = data.get(kind, "")
+        shown.append("".join(value) if isinstance(value, list) else str(value))
+    shown[-1] = _SCRIPT.sub("", shown[-1])
+    chart = data.get("application/vnd.plotly.v1+json")
+    if isinstance(chart, dict):
+        shown.append(_chart_words(chart))
+    return "\n".join(shown)
+
+
+def internal_outputs(nb) -> list[tuple[int, str]]:
+    """(cell index, the line around it) for every output that shows :data:`INTERNAL` text."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            text = _shown_text(output)
+            for match in INTERNAL.finditer(text):
+                start = text.rfind("\n", 0, match.start()) + 1
+                end = text.find("\n", match.end())
+                found.append((index, text[start : end if end >= 0 else len(text)].strip()[:200]))
+    return found
+
+
 class _CleanRun(nbmake.pytest_items.NotebookRun):
     def execute(self) -> NotebookResult:
         result = super().execute()
         if result.error is None:
-            unclean = unclean_outputs(result.nb)
+            unclean = unclean_outputs(result.nb) + [
+                (i, f"internal text a learner should not read: {shown}")
+                for i, shown in internal_outputs(result.nb)
+            ]
             if unclean:
                 index, first = unclean[0]
                 shown = "\n".join(f"cell {i}: {text}" for i, text in unclean)
                 result.error = NotebookError(
-                    summary=f"cell {index} wrote to stderr or showed an error: {first[:200]}",
-                    trace=f"an executed notebook must show no stderr and no error output:\n{shown}",
+                    summary=f"cell {index} showed a learner what it should not: {first[:200]}",
+                    trace=(
+                        "an executed notebook must show no stderr, no error output and no "
+                        f"benchmark keys, reprs or target verdicts:\n{shown}"
+                    ),
                     failing_cell_index=index,
                 )
         return result

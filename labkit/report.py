@@ -297,13 +297,19 @@ def write_index(report: RunReport) -> Path:
             links.insert(0, f"<a href='{_href(r.html, report.run_dir)}'>HTML</a>")
         if r.folder and Path(r.folder).is_dir():
             links.append(f"<a href='{_href(r.folder, report.run_dir)}/'>files</a>")
+        shown = list(r.figures.items())[:MAX_INDEX_FIGURES]
         figures = (
             "".join(
-                f"<li>{html.escape(str(k))}: <b>{html.escape(figure_value(v))}</b></li>"
-                for k, v in r.figures.items()
+                f"<li>{html.escape(figure_label(k))}: <b>{html.escape(figure_value(v))}</b></li>"
+                for k, v in shown
             )
             or f"<li class='none'>{NO_FIGURES}</li>"
         )
+        if len(r.figures) > len(shown):
+            figures += (
+                f"<li class='none'>{len(r.figures) - len(shown)} more in the run's "
+                f"{FIGURES_FILE}</li>"
+            )
         takeaway = (
             "<ol>" + "".join(f"<li>{html.escape(line)}</li>" for line in r.takeaway) + "</ol>"
             if r.takeaway
@@ -335,6 +341,45 @@ def write_index(report: RunReport) -> Path:
 
 #: What the summary and the index say for a notebook that recorded no figures.
 NO_FIGURES = "no figures recorded"
+#: The most figures the index shows for one notebook, beside its takeaway; figures.json keeps all.
+MAX_INDEX_FIGURES = 6
+
+#: A recorded figure's name ends in its unit: how that unit reads in a label.
+_UNITS = {
+    "tokens_per_s": "tokens/s",
+    "infer_s": "infer/s",
+    "per_s": "/s",
+    "ms": "ms",
+    "s": "s",
+    "pct": "%",
+}
+#: Short words of a figure's name, as a learner reads them.
+_WORDS = {"vs": "against", "avg": "average", "p50": "median", "ttft": "time to first token",
+          "itl": "inter-token latency"}  # fmt: skip
+
+
+def figure_label(name: str) -> str:
+    """A recorded figure's name as the index labels it: ``time_to_first_token_s`` reads "time to
+    first token (s)", ``avg_batch_size_c8`` "average batch size at concurrency 8"."""
+    words = str(name).split("_")
+    unit, level = "", ""
+    if len(words) > 1 and re.fullmatch(r"c\d+", words[-1]):
+        words, level = words[:-1], f" at concurrency {words[-1][1:]}"
+    for key, said in _UNITS.items():
+        tail = key.split("_")
+        if len(words) > len(tail) and words[-len(tail) :] == tail:
+            words, unit = words[: -len(tail)], said
+            break
+    out = []
+    for word in words:
+        if re.fullmatch(r"c\d+", word):
+            out.append(f"at concurrency {word[1:]}")
+        else:
+            out.append(_WORDS.get(word.lower(), word))
+    label = " ".join(out) + level
+    return f"{label} ({unit})" if unit else label
+
+
 #: What the index says for a notebook that stopped before its takeaway (or never had one).
 NO_TAKEAWAY = "no takeaway recorded"
 
@@ -351,7 +396,9 @@ def figure_value(value: object) -> str:
 
 def figures_summary(figures: dict) -> str:
     """A notebook's figures on one line, ``name value; name value``, or :data:`NO_FIGURES`."""
-    return "; ".join(f"{k} {figure_value(v)}" for k, v in figures.items()) or NO_FIGURES
+    return (
+        "; ".join(f"{figure_label(k)} {figure_value(v)}" for k, v in figures.items()) or NO_FIGURES
+    )
 
 
 def _href(path: str, root: Path) -> str:

@@ -135,14 +135,38 @@ def test_the_index_and_the_summary_show_each_notebooks_figures_or_say_there_are_
 
     index = report.write_index(run).read_text()
     assert "<li>checks: <b>ok 14, warn 5</b></li>" in index
-    assert "<li>throughput_ratio_c8: <b>x2.61 infer/s</b></li>" in index
+    assert "<li>throughput ratio at concurrency 8: <b>x2.61 infer/s</b></li>" in index
     assert index.count(report.NO_FIGURES) == 1
     table = run.table()
     assert (
-        "03_dynamic_batching.ipynb: throughput_ratio_c8 x2.61 infer/s; avg_batch_size_c8 4.1"
-        in (table)
+        "03_dynamic_batching.ipynb: throughput ratio at concurrency 8 x2.61 infer/s; "
+        "average batch size at concurrency 8 4.1" in (table)
     )
     assert f"07_beyond_one_machine.ipynb: {report.NO_FIGURES}" in table
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("time_to_first_token_s", "time to first token (s)"),
+        ("stream_tokens_per_s", "stream (tokens/s)"),
+        ("replicas_infer_s_c4", "replicas at concurrency 4 (infer/s)"),
+        ("one_instance_infer_s", "one instance (infer/s)"),
+        ("queue_ms", "queue (ms)"),
+        ("vllm_vs_inflight", "vllm against inflight"),
+        ("answer", "answer"),
+    ],
+)
+def test_a_figures_name_reads_as_a_label_with_its_unit(name, label):
+    assert report.figure_label(name) == label
+
+
+def test_the_index_shows_at_most_six_figures_and_says_where_the_rest_are(tmp_path):
+    figures = {f"figure_{i}": i for i in range(9)}
+    results = [report.NotebookResult("06_x.ipynb", "x", "ok", 1.0, figures=figures)]
+    index = report.write_index(report.RunReport(tmp_path, results)).read_text()
+    assert index.count("<li>figure ") == report.MAX_INDEX_FIGURES == 6
+    assert "3 more in the run's figures.json" in index
 
 
 CHROMIUM = Path("/usr/bin/chromium")

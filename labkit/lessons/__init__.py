@@ -10,6 +10,7 @@ from labkit.lessons.analyzer import confirm_winner
 from labkit.lessons.batching import batching_conclusion
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, noise_band
 from labkit.lessons.inflight import inflight_conclusion
+from labkit.lessons.instances import InstancePrediction, predict_instances
 from labkit.lessons.neuron import neuron_conclusion
 from labkit.lessons.scale_out import scale_out_conclusion
 from labkit.lessons.search import search_conclusion
@@ -18,6 +19,7 @@ from labkit.lessons.takeaway import Takeaway, deploy_takeaway, multi_model_takea
 __all__ = [
     "GAIN",
     "Conclusion",
+    "InstancePrediction",
     "Ratio",
     "Takeaway",
     "batching_conclusion",
@@ -28,6 +30,7 @@ __all__ = [
     "multi_model_takeaway",
     "neuron_conclusion",
     "noise_band",
+    "predict_instances",
     "scale_out_conclusion",
     "search_conclusion",
     "setup_takeaway",

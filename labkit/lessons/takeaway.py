@@ -9,6 +9,7 @@ run's ``index.html``.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,11 +20,22 @@ from labkit.lessons.conclusion import Conclusion
 
 #: The most lines a takeaway has: what the index shows beside the notebook's figures.
 MAX_LINES = 3
+#: The most sentences a takeaway has, all its lines together: three plain sentences.
+MAX_SENTENCES = 3
+
+#: Where one sentence ends and the next begins: a full stop, "!" or "?" before a space. A decimal
+#: point (``0.5``, ``x1.82``) has no space after it and does not end a sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def sentence_count(lines: Iterable[str]) -> int:
+    """How many sentences ``lines`` hold together (a line that ends without a stop is one)."""
+    return sum(len([s for s in _SENTENCE_END.split(str(line).strip()) if s]) for line in lines)
 
 
 @dataclass(frozen=True, repr=False)
 class Takeaway:
-    """One to three lines, each a sentence a learner can keep."""
+    """One to three lines, at most three sentences in all: what a learner keeps."""
 
     lines: tuple[str, ...]
 
@@ -32,6 +44,11 @@ class Takeaway:
         if not 1 <= len(lines) <= MAX_LINES or not all(lines):
             raise ConfigError(
                 f"a takeaway is 1 to {MAX_LINES} non-empty lines, got {len(lines)}: {lines!r}"
+            )
+        if sentence_count(lines) > MAX_SENTENCES:
+            raise ConfigError(
+                f"a takeaway is at most {MAX_SENTENCES} plain sentences in all, got "
+                f"{sentence_count(lines)}: {lines!r}"
             )
         object.__setattr__(self, "lines", lines)
 
