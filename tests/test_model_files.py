@@ -3,7 +3,8 @@
 The real files live in ``model_repository/`` (``smollm2/1/`` for text generation, ``minilm/1/``
 for embeddings). A variant such as ``smollm2_stream`` and the packaged templates in
 ``labkit/templates/`` are relative symbolic links to them; a wheel and an sdist carry the
-files' contents.
+files' contents. The learner's first model (``smollm2_first/1/``, notebook 01) is one short
+``model.py`` of its own, read top to bottom.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from conftest import imported_as_triton_does
+from labkit import repository
+from labkit.repository import read_config
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -33,6 +36,9 @@ LOCAL_LINKS = ("weights", "hf_cache")
 SERVER_PACKAGES = {"numpy", "torch", "transformers", "triton_python_backend_utils"}
 # Modules that model.py imports only when a config asks for them (in-flight batching).
 ON_REQUEST = {"smollm2/1": ("inflight",)}
+# The learner's first model: one model.py of about the tutorial's size (about 70 lines of code).
+FIRST_MODEL = REPOSITORY / "smollm2_first"
+FIRST_MODEL_MOST_LINES = 100
 
 
 def committed_links() -> list[Path]:
@@ -141,6 +147,68 @@ def test_the_model_folder_imports_as_a_package_the_way_triton_does(source):
 def test_a_module_that_model_py_imports_on_request_imports_as_triton_does_it(source, module):
     with imported_as_triton_does(REPOSITORY / source, module) as imported:
         assert imported.__name__ == f"1.{module}"
+
+
+# -- the learner's first model --------------------------------------------------------------------
+def test_the_first_model_folder_holds_one_model_py_and_its_config():
+    files = {str(p.relative_to(FIRST_MODEL)) for p in FIRST_MODEL.rglob("*")}
+    assert files - set(LOCAL_LINKS) == {"config.pbtxt", "1", "1/model.py"}
+
+
+def test_the_first_model_py_reads_top_to_bottom_in_the_order_triton_calls_it():
+    path = FIRST_MODEL / "1" / "model.py"
+    text = path.read_text()
+    assert len(text.splitlines()) <= FIRST_MODEL_MOST_LINES
+    tree = ast.parse(text, filename=str(path))
+    model = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    methods = [n.name for n in model.body if isinstance(n, ast.FunctionDef)]
+    assert [m for m in methods if m in ("initialize", "execute", "finalize")] == [
+        "initialize",
+        "execute",
+        "finalize",
+    ]
+    # the tutorial's defects: max_length counts the prompt; its output was shown as "text"
+    assert "max_new_tokens=" in text and "max_length" not in text
+    assert '"text_output"' in text and '"text"' not in text
+
+
+def test_the_first_model_has_the_full_models_inputs_outputs_and_weights():
+    first = read_config(FIRST_MODEL / "config.pbtxt")
+    full = read_config(REPOSITORY / "smollm2" / "config.pbtxt")
+    assert first.name == "smollm2_first" and first.max_batch_size == 0
+    assert (first.input, first.output) == (full.input, full.output)
+    for key in ("huggingface_model", "labkit_weights", "max_tokens"):
+        assert first.parameters[key] == full.parameters[key], key
+    assert repository.full_model("smollm2_first") == "smollm2"
+    assert repository.full_model("smollm2") == "smollm2"
+
+
+def test_the_first_model_imports_as_triton_does_and_checks_a_request_without_a_server():
+    with imported_as_triton_does(FIRST_MODEL / "1") as model:
+        assert {n for n in sys.modules if n.startswith("1.")} == {"1.model"}
+        assert model.prompt_text("café".encode()) == "café"
+        with pytest.raises(ValueError, match="empty or only spaces"):
+            model.prompt_text(b"   ")
+        served = model.TritonPythonModel()
+        served.max_tokens = 16
+        assert served.max_tokens_of(Request('{"max_tokens": 4}')) == 4
+        assert served.max_tokens_of(Request("")) == 16
+        assert served.max_tokens_of(Request('{"temperature": 0.0, "max_tokens": 3}')) == 3
+        refused = {'{"max_tokens": 0}': "at least 1", '{"top_k": 2}': "top_k",
+                   '{"temperature": 0.5}': "answers greedily"}  # fmt: skip
+        for bad, named in refused.items():
+            with pytest.raises(ValueError, match=named):
+                served.max_tokens_of(Request(bad))
+
+
+class Request:
+    """A request as the first model's ``max_tokens_of`` reads it: only its parameters."""
+
+    def __init__(self, parameters: str) -> None:
+        self._parameters = parameters
+
+    def parameters(self) -> str:
+        return self._parameters
 
 
 def test_the_engine_settings_import_only_the_standard_library_so_labkit_can_load_them():

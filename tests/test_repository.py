@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from labkit.repository import (
     read_config,
     validate,
     write_config,
+    write_streaming_twin,
 )
+from labkit.repository import models as repository_models
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "labkit" / "templates"
@@ -423,3 +426,25 @@ def test_a_twin_copies_the_folder_keeping_its_links_and_serves_its_own_config(tm
     again = apply_edits(served, parameters={"dtype": "float16"})
     repo.add_twin("smollm2_vllm", "smollm2_vllm_bf16", again)  # a twin already there is replaced
     assert repo.config("smollm2_vllm_bf16").parameters["dtype"].string_value == "float16"
+
+
+def test_a_run_repository_links_the_weights_into_the_learners_first_model(tmp_path, monkeypatch):
+    built = tmp_path / "built"
+    built.mkdir()
+    # Fake weights: the fast tier converts no checkpoint (the real build is a cached folder).
+    monkeypatch.setattr(repository_models, "build_weights", lambda name: built)
+    source = tmp_path / "repo"
+    (source / "smollm2_first" / "1").mkdir(parents=True)
+    for name in ("config.pbtxt", "1/model.py"):
+        shutil.copyfile(
+            ROOT / "model_repository" / "smollm2_first" / name, source / "smollm2_first" / name
+        )
+    repo = prepare_run_repository(tmp_path / "run", models=["smollm2_first"], source=source)
+    assert (repo / "smollm2_first" / "weights").resolve() == built
+    assert repo.check("smollm2_first").parameters["huggingface_model"].string_value == "weights"
+
+
+def test_a_first_model_gets_no_streaming_twin_of_its_own_code(repo):
+    with pytest.raises(ConfigError, match="stream smollm2_stream, the full model's streaming twin"):
+        write_streaming_twin(repo, "smollm2_first")
+    assert "smollm2_first_stream" not in repo.models()

@@ -25,10 +25,12 @@ from .config import (
 )
 from .folder import (
     ENVIRONMENTS,
+    FIRST_MODELS,
     STREAM_SUFFIX,
     Repository,
     add_model,
     environment_folder,
+    full_model,
     models_to_serve,
     prepare_run_repository,
     write_streaming_twin,
@@ -46,7 +48,9 @@ from .models import (
 
 __all__ = [
     "ENVIRONMENTS",
+    "FIRST_MODELS",
     "environment_folder",
+    "full_model",
     "models_to_serve",
     "CATALOG",
     "STREAM_SUFFIX",

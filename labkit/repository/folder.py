@@ -444,9 +444,25 @@ def models_to_serve(repository: str | os.PathLike) -> list[str]:
 #: A streaming twin's name: ``<model>_stream`` (the lab's ``smollm2_stream`` is ``smollm2``'s).
 STREAM_SUFFIX = "_stream"
 
+#: The learner's first model (notebook 01: one short ``model.py``) -> the lab's full model of the
+#: same weights, built on the same three methods, which also batches and streams.
+FIRST_MODELS = {"smollm2_first": "smollm2"}
+
+
+def full_model(model: str) -> str:
+    """The model that serves ``model``'s weights with batching and streaming: the full model of
+    a first model (:data:`FIRST_MODELS`), else ``model`` itself. A first model answers each
+    request once, so its answer streams from the full model's streaming twin."""
+    return FIRST_MODELS.get(model, model)
+
 
 def write_streaming_twin(repository: Repository, model: str) -> Path:
     """Write ``<model>_stream``: ``model``'s config, decoupled, and relative links to its files."""
+    if model in FIRST_MODELS:
+        raise ConfigError(
+            f"{model} answers each request once (its model.py does not stream); stream "
+            f"{FIRST_MODELS[model]}{STREAM_SUFFIX}, the full model's streaming twin, instead"
+        )
     source = repository.model_dir(model)
     twin = repository.new_model_dir(model + STREAM_SUFFIX)
     config = repository.config(model)
