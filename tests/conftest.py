@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import crashwatch
 import psutil
 import pytest
 
@@ -569,6 +570,11 @@ _REAL_POPEN_INIT, _REAL_SYSTEM, _REAL_FORK = subprocess.Popen.__init__, os.syste
 
 def pytest_configure(config):
     config.pluginmanager.register(FastTierGuard(), "fast-tier-guard")
+    crashwatch.configure(config)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    crashwatch.terminal_summary(terminalreporter, config)
 
 
 # -- a run under load: --busy-core -------------------------------------------------------------
