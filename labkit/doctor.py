@@ -1,8 +1,11 @@
 """``labkit doctor``: check that this machine can run the lab, and say how to fix what cannot.
 
-Each check returns a :class:`Check` with status ``ok``, ``warn`` or ``fail`` and, unless it is ok,
-the fix. :func:`run_checks` runs them all (a check that crashes is reported as a fail, never
-raised); :func:`to_frame` makes a DataFrame for the notebook; the command exits 1 on any fail.
+Each check returns a :class:`Check` with status ``ok``, ``warn``, ``fail`` or ``skipped`` and,
+when it warns or fails, the fix. ``skipped`` is a check that did not run because this machine has
+nothing for it to check (no NVIDIA GPU, no Neuron device, no Docker engine): the detail says why,
+and it is never counted as passed. :func:`run_checks` runs them all (a check that crashes is
+reported as a fail, never raised); :func:`to_frame` makes a DataFrame for the notebook; the command
+exits 1 on any fail.
 Secrets are never shown: the token check names the variable, never its value.
 """
 
@@ -57,6 +60,11 @@ class Check:
 def passed(name: str, detail: str) -> Check:
     """An ok check with its detail."""
     return Check(name, "ok", detail)
+
+
+def skipped(name: str, why: str) -> Check:
+    """A check that did not run: this machine has nothing for it to check (``why`` says what)."""
+    return Check(name, "skipped", why)
 
 
 # -- checks -------------------------------------------------------------------------------------
@@ -118,6 +126,8 @@ def check_public_servers() -> Check:
             "anyone on the network can call it; restart it "
             "bound to loopback (labkit's default host 127.0.0.1)",
         )
+    if not count:
+        return passed("exposed servers", "no tritonserver is running")
     return passed("exposed servers", f"{count} tritonserver running, none on all interfaces")
 
 
@@ -168,7 +178,7 @@ def check_gpu() -> Check:
             "check the driver: nvidia-smi must run before the lab can use the device",
         )
     if not found:
-        return passed("gpu", "no NVIDIA GPU (nvidia-smi not found): the lab runs on CPU")
+        return skipped("gpu", "no NVIDIA GPU here (nvidia-smi not found): the lab runs on the CPU")
     return passed(
         "gpu",
         "; ".join(
@@ -246,7 +256,7 @@ def check_torch_gpu() -> Check:
         )
     if not found:
         version = importlib.metadata.version("torch")
-        return passed("torch gpu", f"no NVIDIA GPU: torch {version} runs on the CPU")
+        return skipped("torch gpu", f"no NVIDIA GPU here: torch {version} runs on the CPU")
     gpu, cuda = f"{found[0].name} (GPU 0)", found[0].cuda
     ran = proc.run([sys.executable, "-c", _TORCH_PROBE], timeout_s=180, check=False)
     lines = ran.stdout.strip().splitlines()
@@ -289,15 +299,17 @@ def check_neuron() -> Check:
     """The AWS Neuron devices, from :func:`labkit.hardware.detect_neuron`."""
     found = hardware.detect_neuron()
     if not found.present:
-        return passed("neuron", "no AWS Neuron device (neuron-ls not found, no /dev/neuron*)")
+        return skipped("neuron", "no AWS Neuron device here (neuron-ls not found, no /dev/neuron*)")
     return passed("neuron", f"AWS Neuron: {found}")
 
 
 def check_docker() -> Check:
     if not shutil.which("docker"):
-        return passed(
+        return Check(
             "docker",
-            "no docker client: the docker launch mode is unavailable, the local mode needs none",
+            "warn",
+            "no docker client: the docker launch mode is unavailable (the local mode needs none)",
+            "install Docker Engine, only to serve in the docker launch mode",
         )
     try:
         out = proc.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout_s=15)
@@ -332,7 +344,7 @@ def _docker_engine() -> bool:
 def check_docker_gpu() -> Check:
     """``docker run --gpus all`` (the docker mode) needs the NVIDIA container runtime."""
     if not _docker_engine():
-        return passed("docker gpu", "not checked: no docker engine here (see the docker check)")
+        return skipped("docker gpu", "no Docker engine here (see the docker check)")
     out = proc.run(["docker", "info", "--format", "{{json .Runtimes}}"], timeout_s=15).stdout
     try:
         runtimes = sorted(json.loads(out or "{}"))
@@ -347,7 +359,7 @@ def check_docker_gpu() -> Check:
     except LabkitError:
         gpu_host = True  # nvidia-smi exists but fails: a GPU host with a driver problem
     if not gpu_host:
-        return passed("docker gpu", "no NVIDIA GPU: the docker mode's --gpus all is not usable")
+        return skipped("docker gpu", "no NVIDIA GPU here: the docker mode runs on the CPU")
     return Check(
         "docker gpu",
         "warn",
@@ -361,7 +373,7 @@ def check_triton_image() -> Check:
     """The docker mode's image exists and imports transformers (``labkit image build``)."""
     image = triton_image()
     if not _docker_engine():
-        return passed("docker image", f"not checked: no docker engine here ({image})")
+        return skipped("docker image", f"no Docker engine here to hold {image}")
     try:
         info = require_image(image)
     except LabkitError as exc:
@@ -388,7 +400,7 @@ def check_token() -> Check:
 
 def check_hub(timeout_s: float = 3.0) -> Check:
     if hub_offline():
-        return passed("hub", "HF_HUB_OFFLINE is set: not checked, local models only")
+        return skipped("hub", "HF_HUB_OFFLINE is set: the lab uses local models only")
     endpoint = hub_endpoint()
     try:
         with urllib.request.urlopen(f"{endpoint}/api/models?limit=1", timeout=timeout_s) as r:
@@ -404,7 +416,7 @@ def check_hub(timeout_s: float = 3.0) -> Check:
     return passed("hub", f"{endpoint} reachable (HTTP {status})")
 
 
-STATUSES = ("ok", "warn", "fail")
+STATUSES = ("ok", "warn", "fail", "skipped")
 PROBE_MODEL = "labkit_probe"
 _PROBE_CODE = '''"""labkit doctor's probe: echoes its text input, to prove the Python backend runs."""
 import numpy as np
@@ -706,10 +718,12 @@ CHECKS: list[Callable[[], Check]] = [
 
 
 def run_checks(server: bool = True) -> list[Check]:
-    """Run every check (``server=False`` skips starting Triton); a crash becomes a fail."""
+    """Run every check; a crash becomes a fail. ``server=False`` does not start Triton: the
+    server check is then ``skipped``, saying so."""
     results = []
     for check in CHECKS:
         if check is check_server and not server:
+            results.append(skipped("server", "not started on request (--no-server)"))
             continue
         name = check.__name__.removeprefix("check_").replace("_", " ")
         try:
@@ -735,12 +749,25 @@ def to_frame(checks: Sequence[Check]):
 
 def format_table(checks: Sequence[Check]) -> str:
     width = max(len(c.name) for c in checks)
+    status = max(len(c.status) for c in checks)
     lines = []
     for c in checks:
-        lines.append(f"{c.status.upper():<4}  {c.name:<{width}}  {c.detail}")
+        lines.append(f"{c.status.upper():<{status}}  {c.name:<{width}}  {c.detail}")
         if c.fix:
-            lines.append(f"{'':<4}  {'':<{width}}  fix: {c.fix}")
+            lines.append(f"{'':<{status}}  {'':<{width}}  fix: {c.fix}")
     return "\n".join(lines)
+
+
+def summary(checks: Sequence[Check]) -> str:
+    """The checks' verdict in one sentence: how many passed, warned, failed and were skipped."""
+    count = {s: sum(c.status == s for c in checks) for s in STATUSES}
+    said = (
+        f"{count['ok']} of {len(checks)} checks passed, {count['warn']} warned, "
+        f"{count['fail']} failed, {count['skipped']} skipped"
+    )
+    if count["fail"]:
+        return f"{said}: fix the failed ones first, as their rows say."
+    return f"{said}: this machine can run the lab."
 
 
 def exit_code(checks: Sequence[Check]) -> int:

@@ -27,7 +27,8 @@ def test_doctor_starts_triton_serves_the_probe_and_exits_by_its_failures(capsys)
 
     assert code == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
     assert all(c["status"] in doctor.STATUSES and c["detail"] for c in checks.values())
-    assert all(c["fix"] for c in checks.values() if c["status"] != "ok")
+    assert all(c["fix"] for c in checks.values() if c["status"] in ("warn", "fail"))
+    assert not any("not checked" in c["detail"] for c in checks.values())
     assert checks["server"]["status"] == "ok", checks["server"]
     assert "Triton 2.51.0 served a Python-backend model" in checks["server"]["detail"]
     for name in ("python", "tritonserver", "python backend", "numpy", "jupyter kernel"):
@@ -138,15 +139,40 @@ def test_small_or_missing_shared_memory_is_flagged(tmp_path):
     assert doctor.check_shm(tmp_path / "no-shm").status == "fail"
 
 
-def test_no_gpu_neuron_or_docker_tools_is_ok_cpu_mode_with_a_fake_empty_path(tmp_path, monkeypatch):
+def test_no_gpu_neuron_or_docker_skips_their_checks_with_a_fake_empty_path(tmp_path, monkeypatch):
     # Fake: this host has a docker client (a GPU host has nvidia-smi too); an empty PATH is a
-    # host without them.
+    # host without them. A check with nothing to check is skipped, never "ok".
     monkeypatch.setenv("PATH", str(tmp_path))
     assert doctor.check_gpu() == doctor.Check(
-        "gpu", "ok", "no NVIDIA GPU (nvidia-smi not found): the lab runs on CPU"
+        "gpu", "skipped", "no NVIDIA GPU here (nvidia-smi not found): the lab runs on the CPU"
     )
-    assert doctor.check_neuron().status == "ok"
-    assert "no docker client" in doctor.check_docker().detail
+    assert doctor.check_neuron().status == "skipped"
+    docker = doctor.check_docker()
+    assert docker.status == "warn" and "no docker client" in docker.detail and docker.fix
+    for check in (doctor.check_docker_gpu(), doctor.check_triton_image()):
+        assert check.status == "skipped" and "no Docker engine here" in check.detail, check
+
+
+def test_skipped_checks_are_counted_apart_and_fail_nothing():
+    checks = [
+        doctor.Check("numpy", "ok", "1.26"),
+        doctor.Check("hub", "warn", "offline", "go online"),
+        doctor.skipped("gpu", "no NVIDIA GPU here"),
+    ]
+    assert doctor.exit_code(checks) == 0
+    doctor.require_no_failures(checks)
+    assert doctor.summary(checks) == (
+        "1 of 3 checks passed, 1 warned, 0 failed, 1 skipped: this machine can run the lab."
+    )
+    assert doctor.format_table(checks).splitlines()[-1] == "SKIPPED  gpu    no NVIDIA GPU here"
+    failed = doctor.summary([*checks, doctor.Check("python", "fail", "no libpython", "fix")])
+    assert failed.endswith("1 failed, 1 skipped: fix the failed ones first, as their rows say.")
+
+
+def test_without_the_server_its_check_is_skipped_not_left_out(monkeypatch):
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_numpy, doctor.check_server])
+    numpy_check, server = doctor.run_checks(server=False)
+    assert (server.name, server.status) == ("server", "skipped") and "--no-server" in server.detail
 
 
 #: A stand-in for nvidia-smi on a one-GPU host (no GPU here): the query form and the banner.
@@ -235,7 +261,8 @@ def test_the_hub_check_reports_reachable_unreachable_and_offline_with_a_fake_hub
     down = doctor.check_hub(timeout_s=2)
     assert down.status == "warn" and "offline" in down.detail
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "not checked" in doctor.check_hub().detail
+    offline = doctor.check_hub()
+    assert offline.status == "skipped" and "HF_HUB_OFFLINE" in offline.detail
 
 
 def test_require_no_failures_names_each_failed_check_and_its_fix():
@@ -299,10 +326,10 @@ def test_the_torch_fix_names_the_newest_cuda_build_the_driver_runs():
     assert old.startswith("update the NVIDIA driver") and "12.6 or newer" in old
 
 
-def test_torch_on_a_host_without_gpu_is_ok_with_a_fake_empty_path(tmp_path, monkeypatch):
+def test_torch_on_a_host_without_gpu_is_skipped_with_a_fake_empty_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     check = doctor.check_torch_gpu()
-    assert check.status == "ok" and "no NVIDIA GPU" in check.detail
+    assert check.status == "skipped" and "no NVIDIA GPU" in check.detail
 
 
 def _fake_docker(folder: Path, monkeypatch, runtimes: str, image: bool) -> None:

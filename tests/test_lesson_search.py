@@ -26,6 +26,7 @@ def test_a_winner_sharing_a_word_is_not_said_to_share_none():
     conclusion = lessons.search_conclusion("Where can I catch a train?", hits)
     assert conclusion.figures["shared_words"] == ["train"]
     assert conclusion.figures["margin"] == 0.028
+    assert conclusion.figures["question"] == "Where can I catch a train?"
     assert 'It shares "train" with the question' in conclusion.text
     assert "shares no word" not in conclusion.text
     assert "by 0.028 (0.392 against 0.364): a small lead" in conclusion.text
@@ -46,7 +47,7 @@ def test_other_passages_sharing_a_word_are_counted():
     hits = ranking({STATION: 0.5, "A train museum.": 0.3, BAKERY: 0.1})
     conclusion = lessons.search_conclusion("Which train goes to the airport?", hits)
     assert conclusion.figures["shared_words"] == ["airport", "train"]
-    assert "1 other passage(s) share a word with the question as well" in conclusion.text
+    assert "1 other passage shares a word with the question as well" in conclusion.text
 
 
 def test_one_passage_has_no_runner_up():
@@ -72,4 +73,5 @@ def test_the_lead_is_taken_between_the_scores_as_quoted():
     hits = ranking({STATION: 0.391606, BUS: 0.364474, BAKERY: 0.129624})
     conclusion = lessons.search_conclusion("Where can I catch a train?", hits)
     assert "by 0.028 (0.392 against 0.364)" in conclusion.text
-    assert list(conclusion.table["score"]) == [0.392, 0.364, 0.13]
+    assert list(conclusion.table["similarity (cosine)"]) == [0.392, 0.364, 0.13]
+    assert list(conclusion.table.columns[:2]) == ["passage", "similarity (cosine)"]

@@ -13,6 +13,7 @@ from test_lessons import repeats, sweep
 from labkit import lab, lessons, report
 from labkit.errors import ConfigError
 from labkit.lessons import Takeaway
+from labkit.lessons.takeaway import sentence_count
 
 
 def test_a_takeaway_is_one_to_three_non_empty_lines():
@@ -25,19 +26,20 @@ def test_a_takeaway_is_one_to_three_non_empty_lines():
         Takeaway.of(lessons.Conclusion(pd.DataFrame()))
 
 
-def test_setup_says_what_warned_and_whether_the_lab_can_start():
+def test_setup_says_whether_the_lab_can_start_what_warned_and_what_did_not_run():
     checks = pd.DataFrame(
-        {"check": ["python", "docker", "gpu", "perf_analyzer"],
-         "status": ["ok", "warn", "warn", "ok"]}
+        {"check": ["python", "docker", "hf token", "perf_analyzer", "gpu"],
+         "status": ["ok", "warn", "warn", "ok", "skipped"]}
     )  # fmt: skip
-    said = lessons.setup_takeaway(checks).lines
-    assert said[0] == "2 of 4 checks passed, 2 warned, 0 failed."
-    assert said[1].startswith("Warned: docker, gpu;")
-    assert said[2] == "Nothing failed: this machine can run the lab's notebooks."
-    failed = lessons.setup_takeaway(checks.assign(status=["fail", "ok", "ok", "ok"])).lines
-    assert failed[0] == "3 of 4 checks passed, 0 warned, 1 failed."
-    assert failed[1].startswith("Nothing warned") and failed[2].startswith("Fix first")
-    assert "python" in failed[2]
+    said = lessons.setup_takeaway(checks)
+    assert said.lines == (
+        "2 of 5 checks passed and 0 failed: this machine can run the lab's notebooks.",
+        "2 warned (docker, hf token): each row says what the lab does without it.",
+        "1 did not run (gpu): their rows say why.",
+    )
+    assert sentence_count(said.lines) == 3
+    failed = lessons.setup_takeaway(checks.assign(status=["fail", "ok", "ok", "ok", "ok"])).lines
+    assert failed == ("4 of 5 checks passed and 1 failed: fix python first, as their rows say.",)
     with pytest.raises(ConfigError, match="doctor.to_frame"):
         lessons.setup_takeaway(pd.DataFrame())
 
@@ -58,17 +60,26 @@ def test_deploy_names_the_ways_that_agreed_and_the_stream():
 
 
 def test_multi_model_tells_a_search_by_words_from_one_by_meaning():
-    docs = ["trains to the airport", "fresh bread every morning"]
+    docs = ["trains to the airport.", "fresh bread every morning."]
     by_words = lessons.search_conclusion(
-        "a train", pd.DataFrame({"document": docs, "score": [0.39, 0.36]})
+        "Where is a train?", pd.DataFrame({"document": docs, "score": [0.39, 0.36]})
     )
     by_meaning = lessons.search_conclusion(
         "breakfast", pd.DataFrame({"document": docs[::-1], "score": [0.5, 0.1]})
     )
-    said = lessons.multi_model_takeaway(["smollm2", "minilm"], [by_words, by_meaning]).lines
-    assert said[0] == "One server held 2 models (smollm2, minilm)."
-    assert "sharing 'train' with the question" in said[1] and "0.030 ahead" in said[1]
-    assert "sharing no word with the question: found by meaning" in said[2]
+    said = lessons.multi_model_takeaway(
+        ["smollm2", "minilm"], [by_words, by_meaning], measured_gib=1.31, estimated_gib=1.7
+    ).lines
+    assert said[0] == (
+        "One server held 2 models (smollm2, minilm), each in its own process, in 1.31 GiB of "
+        "memory against the 1.70 GiB estimated."
+    )
+    assert said[1].startswith('Asked "Where is a train?", the search ranked "trains to the')
+    assert 'sharing the word "train" with the question' in said[1] and "0.030 ahead" in said[1]
+    assert "sharing no word with the question: it was found by meaning" in said[2]
+    assert sentence_count(said) == 3  # a quoted question or passage ends no sentence
+    alone = lessons.multi_model_takeaway(["minilm"], []).lines
+    assert alone == ("One server held 1 model (minilm), each in its own process.",)
 
 
 @pytest.mark.parametrize(

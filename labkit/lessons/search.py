@@ -54,7 +54,8 @@ def search_conclusion(question: str, hits: pd.DataFrame) -> Conclusion:
     """What a ranking shows: the winner, its lead over the runner-up, the words it shares.
 
     ``hits`` is :func:`labkit.embedding.search`'s frame: a ``document`` and a ``score`` column,
-    best first. The table adds, for each passage, the words it shares with the question.
+    best first. The table, in a learner's words (passage, similarity), adds for each passage the
+    words it shares with the question.
     """
     if hits.empty or not {"document", "score"} <= set(hits.columns):
         raise ConfigError(
@@ -66,8 +67,14 @@ def search_conclusion(question: str, hits: pd.DataFrame) -> Conclusion:
     asked = content_words(question)
     shared = [sorted(content_words(doc) & asked) for doc in ranked["document"]]
     table = ranked.assign(**{"words shared with the question": [", ".join(s) for s in shared]})
+    table = table.rename(columns={"document": "passage", "score": "similarity (cosine)"})
     winner, score = ranked.iloc[0]["document"], float(ranked.iloc[0]["score"])
-    figures: dict = {"winner": winner, "winner_score": round(score, 3), "shared_words": shared[0]}
+    figures: dict = {
+        "question": question,
+        "winner": winner,
+        "winner_score": round(score, 3),
+        "shared_words": shared[0],
+    }
     lines = [f'For "{question}", the passage ranked first is "{winner}" (score {score:.3f}).']
     if len(ranked) > 1:
         second = float(ranked.iloc[1]["score"])
@@ -90,7 +97,8 @@ def search_conclusion(question: str, hits: pd.DataFrame) -> Conclusion:
             "A plain word search would have found it too: no other passage shares a word with "
             "the question."
             if not also
-            else f"{len(also)} other passage(s) share a word with the question as well."
+            else f"{len(also)} other passage{' shares' if len(also) == 1 else 's share'} a word "
+            "with the question as well."
         )
         lines.append(
             f"It shares {quoted} with the question (stop words aside), so this ranking does not "

@@ -81,27 +81,34 @@ def _names(names: Sequence[str]) -> str:
 
 
 def setup_takeaway(checks: pd.DataFrame) -> Takeaway:
-    """Notebook 00: how many checks passed, what warned, and whether the lab can start.
+    """Notebook 00: whether the lab can start, what warned, and which checks did not run.
 
-    ``checks`` is :func:`labkit.doctor.to_frame`'s table (a ``check`` and a ``status`` column).
+    ``checks`` is :func:`labkit.doctor.to_frame`'s table (a ``check`` and a ``status`` column:
+    ``ok``, ``warn``, ``fail`` or ``skipped``). A skipped check is counted apart, never as passed.
     """
     if checks.empty or not {"check", "status"} <= set(checks.columns):
         raise ConfigError("setup_takeaway() needs doctor.to_frame()'s table of checks")
-    by = {s: list(checks.loc[checks["status"] == s, "check"]) for s in ("ok", "warn", "fail")}
-    lines = [
-        f"{len(by['ok'])} of {len(checks)} checks passed, {len(by['warn'])} warned, "
-        f"{len(by['fail'])} failed."
-    ]
-    lines.append(
-        f"Warned: {_names(by['warn'])}; each row above says what the lab does without it."
-        if by["warn"]
-        else "Nothing warned: every optional tool and resource was found."
-    )
-    lines.append(
-        f"Fix first, as each row's fix says: {_names(by['fail'])}."
+    by = {
+        s: list(checks.loc[checks["status"] == s, "check"])
+        for s in ("ok", "warn", "fail", "skipped")
+    }
+    verdict = (
+        f"fix {_names(by['fail'])} first, as their rows say."
         if by["fail"]
-        else "Nothing failed: this machine can run the lab's notebooks."
+        else "this machine can run the lab's notebooks."
     )
+    lines = [
+        f"{len(by['ok'])} of {len(checks)} checks passed and {len(by['fail'])} failed: {verdict}"
+    ]
+    if by["warn"]:
+        lines.append(
+            f"{len(by['warn'])} warned ({_names(by['warn'])}): each row says what the lab does "
+            "without it."
+        )
+    if by["skipped"]:
+        lines.append(
+            f"{len(by['skipped'])} did not run ({_names(by['skipped'])}): their rows say why."
+        )
     return Takeaway(tuple(lines))
 
 
@@ -138,22 +145,40 @@ def deploy_takeaway(
     )
 
 
-def multi_model_takeaway(served: Sequence[str], searches: Sequence[Conclusion]) -> Takeaway:
-    """Notebook 02: how many models one server held, and what each semantic search showed.
+def multi_model_takeaway(
+    served: Sequence[str],
+    searches: Sequence[Conclusion],
+    *,
+    measured_gib: float | None = None,
+    estimated_gib: float | None = None,
+) -> Takeaway:
+    """Notebook 02: how many models one server held (and in how much memory), and what each
+    semantic search showed: a passage found by meaning, or one that shares a word.
 
-    ``searches`` are :func:`labkit.lessons.search_conclusion` results (at most two are kept).
+    ``searches`` are :func:`labkit.lessons.search_conclusion` results (at most two are kept);
+    ``measured_gib`` and ``estimated_gib`` are the models' resident memory together and the
+    plan's estimate (:meth:`labkit.capacity.Plan.compare`).
     """
     if not served:
         raise ConfigError("multi_model_takeaway() needs the models the server held")
-    lines = [f"One server held {len(served)} models ({_names(served)})."]
+    memory = (
+        f", in {measured_gib:.2f} GiB of memory against the {estimated_gib:.2f} GiB estimated"
+        if measured_gib is not None and estimated_gib is not None
+        else ""
+    )
+    held = f"{len(served)} model{'s' if len(served) != 1 else ''} ({_names(served)})"
+    lines = [f"One server held {held}, each in its own process{memory}."]
     for search in searches[: MAX_LINES - 1]:
         f = search.figures
-        how = (
-            f"sharing {_names([repr(w) for w in f['shared_words']])} with the question"
-            if f.get("shared_words")
-            else "sharing no word with the question: found by meaning"
-        )
+        asked = f'Asked "{f["question"]}", the search' if f.get("question") else "The search"
         lead = f", {f['margin']:.3f} ahead of the next" if "margin" in f else ""
-        lines.append(f'Search ranked "{f["winner"]}" first (score {f["winner_score"]:.3f}{lead}), '
+        how = (
+            "sharing the word "
+            + _names([f'"{w}"' for w in f["shared_words"]])
+            + " with the question, so a word search finds it too"
+            if f.get("shared_words")
+            else "sharing no word with the question: it was found by meaning"
+        )
+        lines.append(f'{asked} ranked "{f["winner"]}" first (score {f["winner_score"]:.3f}{lead}), '
                      f"{how}.")  # fmt: skip
     return Takeaway(tuple(lines))
