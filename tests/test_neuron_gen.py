@@ -173,6 +173,24 @@ def test_batching_options_without_dynamic_batching_are_reported_as_ignored(tmp_p
     assert not read_config(tmp_path / "m").HasField("dynamic_batching")
 
 
+def test_enable_dynamic_batching_alone_turns_the_batcher_on(tmp_path):
+    generate_model(GenOptions(tmp_path / "m", "m.pt", enable_dynamic_batching=True,
+                              max_batch_size=8, **IO))  # fmt: skip
+    config = read_config(tmp_path / "m")
+    assert config.HasField("dynamic_batching")  # `dynamic_batching { }`, not left out
+    assert "dynamic_batching {" in (tmp_path / "m" / "config.pbtxt").read_text()
+
+
+def test_a_compiled_model_made_elsewhere_is_pending_not_a_warning(tmp_path, caplog):
+    elsewhere = generate_model(
+        GenOptions(tmp_path / "a", "1/a.inf2.pt", target="inf2", compiled_elsewhere=True, **IO)
+    )
+    assert elsewhere.pending == "1/a.inf2.pt" and elsewhere.warnings == []
+    assert "does not exist yet" not in caplog.text
+    missing = generate_model(GenOptions(tmp_path / "b", "1/b.inf2.pt", target="inf2", **IO))
+    assert missing.pending == "" and "does not exist yet" in missing.warnings[0]
+
+
 def test_copy_compiled_model_points_the_config_at_the_copy(tmp_path):
     artifact = tmp_path / "add_sub.pt"
     artifact.write_bytes(b"x")

@@ -107,6 +107,26 @@ def test_neuron_folder_is_the_base_model_with_neuron_engine_args(tmp_path):
     assert read_config(made.vllm_backend_path / "config.pbtxt").backend == "vllm"
 
 
+def test_the_changes_from_the_cpu_model_are_a_table_with_a_reason_for_each(tmp_path):
+    base_dir = tmp_path / "smollm2_vllm"
+    base_dir.mkdir()
+    base = base_vllm_config("smollm2_vllm", MODEL)
+    base.parameters["kv_cache_gib"].string_value = "1"  # the CPU backend's, as the lab's model
+    base.parameters["temperature"].string_value = "0"  # a model setting: kept, so not listed
+    (base_dir / "config.pbtxt").write_text(config_to_text(base))
+    made = write_neuron_vllm_model(
+        tmp_path / "out", NeuronVllmConfig(model=MODEL), base_dir=base_dir
+    )
+
+    rows = made.changes.set_index("setting")
+    assert list(made.changes.columns) == ["setting", "on the CPU", "on inf2", "why"]
+    assert rows.loc["kv_cache_gib"].tolist()[:2] == ["1", "(unset)"]
+    assert rows.loc["dtype"].tolist()[:2] == ["auto", "bfloat16"]
+    assert rows.loc["NEURON_RT_VISIBLE_CORES"].tolist()[:2] == ["(unset)", "0"]
+    assert "temperature" not in rows.index and "huggingface_model" not in rows.index
+    assert all(rows["why"]), rows[rows["why"] == ""]  # no change goes without a word
+
+
 def test_without_a_base_folder_labkit_stands_in_and_says_so(tmp_path):
     made = write_neuron_vllm_model(
         tmp_path, NeuronVllmConfig(model=MODEL), base_dir=tmp_path / "none"
@@ -171,8 +191,8 @@ def cpu_compiled(tmp_path):
     return CompiledModel(artifact, "cpu", "0123abcd", False, ((1, 4), (1, 4)), ("int64",) * 2)
 
 
-def test_inf2_batching_folders_point_at_the_neuron_artifact_and_diff_against_the_stand_in(
-    tmp_path,
+def test_inf2_batching_folders_point_at_the_neuron_artifact_in_one_table_beside_the_stand_in(
+    tmp_path, caplog
 ):
     from labkit.neuron import walkthrough
     from labkit.neuron.gen import GenOptions, TensorSpec, generate_model
@@ -185,24 +205,54 @@ def test_inf2_batching_folders_point_at_the_neuron_artifact_and_diff_against_the
             target="cpu",
             enable_dynamic_batching=True,
             max_batch_size=8,
+            max_queue_delay_microseconds=100,
             inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
             outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
             copy_compiled_model=True,
         )
     )
-    shown = walkthrough.batching_options(tmp_path / "run", compiled, stand_in.path)
+    table = walkthrough.batching_options(tmp_path / "run", compiled, stand_in.path)
 
-    assert list(shown) == ["inf2", "preferred", "unbatched_to_neuron"]
-    assert (
-        '-    string_value: "cpu"' in shown["inf2"] and '+    string_value: "inf2"' in shown["inf2"]
-    )
-    assert '+    string_value: "1/add_sub.inf2.pt"' in shown["inf2"]
-    for name in ("inf2", "preferred", "unbatched_to_neuron"):
-        config = read_config(tmp_path / "run" / "options" / name / "config.pbtxt")
+    assert list(table.columns) == [
+        "setting",
+        walkthrough.SERVED_HERE,
+        *walkthrough.BATCHING_OPTIONS,
+        "what it sets",
+    ]
+    rows = table.set_index("setting")
+    assert rows.loc["TARGET"].tolist()[:2] == ["cpu", "inf2"]
+    assert rows.loc["COMPILED_MODEL"].tolist()[1:4] == ["1/add_sub.inf2.pt"] * 3
+    assert rows.loc["BATCH_REQUESTS_TO_NEURON"].tolist()[1:4] == ["true", "true", "false"]
+    assert rows.loc["dynamic batching"].tolist()[:4] == [
+        "on, waits up to 100 µs",
+        "on, waits up to 100 µs",
+        "on, waits up to 100 µs, prefers batches of 2, 4",
+        "on, waits up to 100 µs",
+    ]  # dynamic batching stays on in every inf2 folder: none drops it without a word
+    assert "inputs" not in rows.index and all(rows["what it sets"])  # only what differs
+    for title, folder in table.attrs["folders"].items():
+        if title == walkthrough.SERVED_HERE:
+            continue
+        config = read_config(folder / "config.pbtxt")
+        assert folder.name == config.name == "add_sub"
         assert config.parameters["COMPILED_MODEL"].string_value == "1/add_sub.inf2.pt"
-        assert not list((tmp_path / "run" / "options" / name).rglob("*.pt"))  # no CPU file copied
-    assert "+  preferred_batch_size: 2\n+  preferred_batch_size: 4\n" in shown["preferred"]
-    assert '+    string_value: "false"' in shown["unbatched_to_neuron"]
+        assert not list(folder.rglob("*.pt"))  # no CPU file copied
+    assert "does not exist yet" not in caplog.text  # expected to be missing: not a warning
+
+
+def test_settings_read_as_words_and_a_lone_config_shows_them_all(tmp_path):
+    from labkit.neuron import walkthrough
+
+    made = walkthrough.tensorflow_model(tmp_path)
+    said = walkthrough.settings(made.config)
+    assert said["inputs"] == "input_1 FP32 [1, 224, 224, 3]"
+    assert said["max batch size"] == "0 (none)" and said["dynamic batching"] == "off"
+    assert said["instances"] == "1 (model)" and said["TARGET"] == "inf1"
+    table = walkthrough.settings_table({"rn50": made.config}, differences_only=False)
+    assert list(table["setting"]) == list(said) and list(table.columns) == [
+        "setting", "rn50", "what it sets"
+    ]  # fmt: skip
+    assert made.pending == "resnet50_neuron_savedmodel/1" and made.warnings == []
 
 
 def test_a_neuron_compiled_artifact_is_copied_in(tmp_path):

@@ -165,6 +165,9 @@ class GenOptions:
     signature_def_key: str = "serving_default"
     model_version: int = 1
     copy_compiled_model: bool = False
+    #: The compiled model is made later, on the device host (a folder written here for inf2): it
+    #: is expected to be missing, so the generator records it in ``pending`` instead of warning.
+    compiled_elsewhere: bool = False
 
 
 @dataclass
@@ -173,6 +176,8 @@ class GeneratedModel:
     config: mc.ModelConfig
     cores: CoreAssignment
     warnings: list[str]
+    #: The compiled model the config names that is still to be made (``compiled_elsewhere``).
+    pending: str = ""
 
     @property
     def name(self) -> str:
@@ -285,6 +290,7 @@ def _add_batching(config: mc.ModelConfig, opts: GenOptions, cores: CoreAssignmen
                 f"{opts.max_batch_size}); Triton batches only models that declare a batch dimension"
             )
         batcher = config.dynamic_batching
+        batcher.SetInParent()  # on, even with no option set: `dynamic_batching { }`
         for size in opts.preferred_batch_size or []:
             if not 1 <= size <= opts.max_batch_size:
                 raise ConfigError(
@@ -345,17 +351,25 @@ def generate_model(opts: GenOptions) -> GeneratedModel:
             shutil.copytree(compiled, target, dirs_exist_ok=True)
         else:
             shutil.copy2(compiled, target)
-    elif not (compiled if compiled.is_absolute() else model_dir / compiled).exists():
-        warnings.append(
-            f"compiled model {str(compiled)!r} does not exist yet (a relative path is read from "
-            f"{str(model_dir)!r}); the model will fail to load until it does"
-        )
+    pending = ""
+    if (
+        not opts.copy_compiled_model
+        and not (compiled if compiled.is_absolute() else model_dir / compiled).exists()
+    ):
+        if opts.compiled_elsewhere:
+            pending = str(compiled)
+            log.info("%s: %s is to be compiled on the device host", name, pending)
+        else:
+            warnings.append(
+                f"compiled model {str(compiled)!r} does not exist yet (a relative path is read "
+                f"from {str(model_dir)!r}); the model will fail to load until it does"
+            )
     (model_dir / "config.pbtxt").write_text(text_format.MessageToString(config))
     template = TEMPLATE_DIR / TEMPLATES[opts.model_type]
     (version_dir / "model.py").write_text(template.read_text())
     for message in warnings:
         log.warning("%s: %s", name, message)
-    return GeneratedModel(model_dir, config, cores, warnings)
+    return GeneratedModel(model_dir, config, cores, warnings, pending)
 
 
 def read_saved_model_signature(

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from tritonclient.grpc import model_config_pb2 as mc
 
 from labkit.errors import ConfigError
@@ -223,7 +224,7 @@ def base_vllm_config(name: str, model: str) -> mc.ModelConfig:
 
 
 def neuron_vllm_config(base: mc.ModelConfig, cfg: NeuronVllmConfig) -> mc.ModelConfig:
-    """``base`` (the GPU/CPU vLLM model) with its engine arguments replaced by ``cfg``'s.
+    """``base`` (the lab's vLLM model, on the CPU) with its engine arguments replaced by ``cfg``'s.
 
     Inputs, outputs, the transaction policy and the model's own settings (sampling, the weights'
     source :data:`MODEL_SOURCE`) stay; parameters that name an engine argument (any case), a CPU
@@ -261,6 +262,7 @@ class NeuronVllmModel:
     diff: str  # against the base config
     base_source: str  # where the base came from
     checks: list[str]  # what was validated offline
+    changes: pd.DataFrame  # every setting that differs from the base, and why (config_changes)
 
 
 def write_neuron_vllm_model(
@@ -272,7 +274,8 @@ def write_neuron_vllm_model(
 ) -> NeuronVllmModel:
     """Write the Neuron model folder, its vllm-backend twin and the plugin's setup script.
 
-    ``base_dir`` is the GPU model's folder (``model_repository/smollm2_vllm``); without it, or when
+    ``base_dir`` is the lab's vLLM model folder (``model_repository/smollm2_vllm``, the model
+    notebook 06 serves on the CPU); without it, or when
     it has no config yet, :func:`base_vllm_config` stands in. Each config is read back through
     Triton's ``ModelConfig`` protobuf and validated before the call returns.
     """
@@ -319,6 +322,62 @@ def write_neuron_vllm_model(
         diff=diff_configs(base, neuron, name),
         base_source=source,
         checks=checks,
+        changes=config_changes(base, neuron),
+    )
+
+
+#: Why a setting of the lab's vLLM model (on the CPU) changes on inf2/trn1, in a learner's words.
+WHY = {
+    "instances": "one instance: the engine owns its NeuronCores",
+    "EXECUTION_ENV_PATH": "the model's Python: a venv with vLLM and the Neuron plugin, which the "
+    "setup script below makes",
+    "NEURON_COMPILED_ARTIFACTS": "where the graphs compiled for the NeuronCores are kept, and "
+    "reused at the next start",
+    "NEURON_RT_VISIBLE_CORES": "the NeuronCores this engine takes",
+    "VLLM_PLUGINS": "loads vLLM's Neuron plugin, which picks the platform",
+    "VLLM_NEURON_FRAMEWORK": "the plugin runs the model on NxD Inference",
+    "block_size": "the KV cache in one block of max_model_len per sequence: NxD Inference's "
+    "contiguous layout",
+    "dtype": "NeuronCores compute in bfloat16 at full speed; the CPU model keeps float32",
+    "enforce_eager": "a CPU setting (run without compiled graphs); on Neuron the graphs are always "
+    "compiled",
+    "kv_cache_gib": "a setting of vLLM's CPU backend (its KV cache in host memory); on inf2 the "
+    "cache lives on the device",
+    "omp_threads_bind": "a setting of vLLM's CPU backend (which cores its threads use); no host "
+    "thread runs the model on inf2",
+    "max_num_batched_tokens": "the CPU scheduler's token budget per step, left to vLLM's default: "
+    "the compiled shapes bound each step on Neuron",
+    "max_model_len": "prompt plus answer, in tokens: compiled into the graphs",
+    "max_num_seqs": "sequences decoded together: the batch the graphs are compiled for",
+    "tensor_parallel_size": "NeuronCores the model is split over",
+    "gpu_memory_utilization": "a GPU setting",
+}
+
+
+def config_changes(base: mc.ModelConfig, neuron: mc.ModelConfig) -> pd.DataFrame:
+    """Every setting that differs between ``base`` (the lab's vLLM model on the CPU) and its
+    Neuron config: the instances and each parameter, "(unset)" where one lacks it, and why it
+    changes (:data:`WHY`); a learner reads this where a config diff would take 100 lines."""
+
+    def instances(config: mc.ModelConfig) -> str:
+        return (
+            ", ".join(
+                f"{g.count} ({mc.ModelInstanceGroup.Kind.Name(g.kind).removeprefix('KIND_').lower()})"
+                for g in config.instance_group
+            )
+            or "Triton's default (1)"
+        )
+
+    rows = []
+    if instances(base) != instances(neuron):
+        rows.append(("instances", instances(base), instances(neuron)))
+    for key in sorted(set(base.parameters) | set(neuron.parameters), key=str.lower):
+        before = base.parameters[key].string_value if key in base.parameters else "(unset)"
+        after = neuron.parameters[key].string_value if key in neuron.parameters else "(unset)"
+        if before != after:
+            rows.append((key, before, after))
+    return pd.DataFrame(
+        [{"setting": k, "on the CPU": b, "on inf2": a, "why": WHY.get(k, "")} for k, b, a in rows]
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tritonclient.grpc import model_config_pb2 as mc
 
 from labkit import proc, profiling
 from labkit.errors import ConfigError, MissingDependencyError
@@ -26,7 +27,7 @@ from labkit.neuron import compiler
 from labkit.neuron.compiler import CompiledModel
 from labkit.neuron.gen import GeneratedModel, GenOptions, TensorSpec, generate_model
 from labkit.neuron.vllm import NeuronVllmConfig, NeuronVllmModel, write_neuron_vllm_model
-from labkit.repository import diff_configs, read_config
+from labkit.repository import read_config
 from labkit.settings import project_root
 
 log = logging.getLogger(__name__)
@@ -188,8 +189,14 @@ def infer(
     return [result.as_numpy(name) for name in outputs]
 
 
+#: :func:`compare`'s column of the largest absolute difference between Triton's and PyTorch's
+#: answers (:func:`labkit.lessons.neuron_conclusion` reads it by this name).
+DIFFERENCE = "largest difference from PyTorch"
+
+
 def compare(lab: Lab, server, sentences: list[str] | None = None):
-    """Triton's answers next to in-process PyTorch's, as a table (max absolute difference)."""
+    """Triton's answers next to in-process PyTorch's, as a table: per model and output, the
+    largest absolute difference (:data:`DIFFERENCE`)."""
 
     torch = _torch()
     rows = []
@@ -198,51 +205,57 @@ def compare(lab: Lab, server, sentences: list[str] | None = None):
     served = infer(server, "add_sub", {"INPUT__0": a, "INPUT__1": b}, ["OUTPUT__0", "OUTPUT__1"])
     for name, got, want in zip(("a + b", "a - b"), served, (a + b, a - b), strict=True):
         rows.append(
-            {"model": "add_sub", "output": name, "max_abs_diff": float(np.abs(got - want).max())}
+            {"model": "add_sub", "output": name, DIFFERENCE: float(np.abs(got - want).max())}
         )
     enc = lab.tokens(sentences or SENTENCES)
     served = infer(server, "minilm", enc, ["OUTPUT__0", "OUTPUT__1"])
     with torch.no_grad():
         local = lab.encoder(*(torch.from_numpy(v) for v in enc.values()))
-    for name, got, want in zip(
-        ("last_hidden_state", "sentence embedding"), served, local, strict=True
-    ):
+    hidden = local[0].shape[-1]
+    names = (f"a vector per token ({lab.seq_len} x {hidden})", f"sentence embedding ({hidden})")
+    for name, got, want in zip(names, served, local, strict=True):
         rows.append(
-            {
-                "model": "minilm",
-                "output": name,
-                "max_abs_diff": float(np.abs(got - want.numpy()).max()),
-            }
+            {"model": "minilm", "output": name, DIFFERENCE: float(np.abs(got - want.numpy()).max())}
         )
     similarity = served[1] @ served[1].T
     log.info("cosine similarity of the sentences:\n%s", np.round(similarity, 3))
     return pd.DataFrame(rows)
 
 
-def profile_add_sub(server, run_dir: str | os.PathLike, concurrency: str = "1:4:1"):
+def profile_add_sub(
+    server, run_dir: str | os.PathLike, concurrency: str = "1:4:1", *, rounds: int = 2
+):
     """perf_analyzer on add_sub with ``validation_data`` (upstream QA's data), as a DataFrame.
 
     Every answer is checked against the expected sums and differences; a wrong one makes
-    perf_analyzer, and so this call, fail.
+    perf_analyzer, and so this call, fail. The sweep runs ``rounds`` times, one after the other
+    (1 2 3 4, 1 2 3 4: the levels alternate), each level in three fixed windows; the ``round``
+    column tells them apart, so a verdict can be held against the spread between rounds.
     """
+    if rounds < 1:
+        raise ConfigError(f"rounds must be >= 1, got {rounds}")
     run_dir = Path(run_dir)
     a = np.array([[1, 2, 3, 4], [0, 0, 0, 0], [-1, -2, -3, -4], [-4, -3, -2, -1]])
     b = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [-1, -1, -1, -1]])
     steps = [{"INPUT__0": a[i], "INPUT__1": b[i]} for i in range(4)]
     expected = [{"OUTPUT__0": a[i] + b[i], "OUTPUT__1": a[i] - b[i]} for i in range(4)]
     data = profiling.write_perf_data(run_dir / "add_sub_data.json", steps, expected)
-    return profiling.perf_analyzer(
-        server,
-        "add_sub",
-        concurrency=concurrency,
-        input_data=data,
-        measurement_mode="count_windows",
-        measurement_request_count=50,
-        stability_percentage=100,
-        run_dir=run_dir / "perf",
-        label="add_sub",
-        progress=False,
-    )
+    sweeps = [
+        profiling.perf_analyzer(
+            server,
+            "add_sub",
+            concurrency=concurrency,
+            input_data=data,
+            measurement_mode="count_windows",
+            measurement_request_count=50,
+            stability_percentage=None,
+            run_dir=run_dir / "perf" / f"round{number}",
+            label="add_sub",
+            progress=False,
+        ).assign(round=number)
+        for number in range(1, rounds + 1)
+    ]
+    return pd.concat(sweeps, ignore_index=True)
 
 
 # -- the Inferentia guide's other options, shown on generated model folders ----------------------
@@ -267,10 +280,15 @@ def core_split(
             inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
             outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
             copy_compiled_model=copy,
+            compiled_elsewhere=not copy,
         )
     )
     rows = [
-        {"instance": i, "cores": f"{a}:{b}", "NEURON_RT_VISIBLE_CORES": made.cores.visible_cores(i)}
+        {
+            "instance": i,
+            "its NeuronCores": f"{a} to {b}" if a != b else str(a),
+            "NEURON_RT_VISIBLE_CORES it sets": made.cores.visible_cores(i),
+        }
         for i, (a, b) in enumerate(made.cores.ranges)
     ]
     frame = pd.DataFrame(rows)
@@ -283,8 +301,8 @@ def neuron_artifact(compiled: CompiledModel, name: str, target: str = "inf2") ->
 
     A Neuron-compiled artifact is copied in. A ``cpu`` one is not: the folder names the artifact
     ``labkit neuron compile --target inf2`` makes on the device host (``1/<name>.<target>.pt``),
-    so an inf2 config never points at the CPU stand-in. The generator warns that it does not
-    exist yet, which is true here.
+    so an inf2 config never points at the CPU stand-in. It does not exist here, as expected: the
+    folders pass ``compiled_elsewhere`` and the generator records it as pending, not as a warning.
     """
     if compiled.target != "cpu":
         return str(compiled.path), True
@@ -301,40 +319,124 @@ def _add_sub_options(folder: Path, compiled: CompiledModel, **extra) -> Generate
             neuron_core_range="0:1",
             enable_dynamic_batching=True,
             max_batch_size=8,
+            max_queue_delay_microseconds=100,  # as the served stand-in's
             inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
             outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
             copy_compiled_model=copy,
+            compiled_elsewhere=not copy,
             **extra,
         )
     )
 
 
+#: The add_sub folders :func:`batching_options` writes: column title -> (folder, generator options).
+BATCHING_OPTIONS = {
+    "inf2": ("inf2", {}),
+    "inf2, --preferred_batch_size 2 4": ("preferred", {"preferred_batch_size": [2, 4]}),
+    "inf2, --disable_batch_requests_to_neuron": (
+        "unbatched_to_neuron",
+        {"disable_batch_requests_to_neuron": True},
+    ),
+}
+#: The title of the served add_sub's column in :func:`batching_options`.
+SERVED_HERE = "served here (cpu)"
+
+
 def batching_options(
     run_dir: str | os.PathLike, compiled: CompiledModel, stand_in: str | os.PathLike
-) -> dict[str, str]:
-    """The guide's batching options on an inf2 add_sub folder (cores 0:1, max batch 8), as diffs:
-    ``"inf2"`` against ``stand_in`` (the add_sub folder the notebook serves), then
+) -> pd.DataFrame:
+    """The guide's batching options on an inf2 add_sub folder (cores 0:1, max batch 8), beside
+    ``stand_in`` (the add_sub folder the notebook serves): the plain inf2 folder, then
     ``--preferred_batch_size 2 4`` (multiples of the 2 cores per instance) and
-    ``--disable_batch_requests_to_neuron`` each against that inf2 folder."""
+    ``--disable_batch_requests_to_neuron``. One row per setting that differs between them
+    (:func:`settings_table`); ``attrs["folders"]`` maps each column to its model folder
+    (``<run_dir>/options/<option>/add_sub``)."""
     options = Path(run_dir) / "options"
-    base = _add_sub_options(options / "inf2", compiled)
-    shown = {"inf2": config_diff(stand_in, base.path)}
-    for name, extra in (
-        ("preferred", {"preferred_batch_size": [2, 4]}),
-        ("unbatched_to_neuron", {"disable_batch_requests_to_neuron": True}),
-    ):
-        made = _add_sub_options(options / name, compiled, **extra)
-        shown[name] = diff_configs(base.config, made.config, f"inf2 -> {name}")
-    return shown
+    configs = {SERVED_HERE: read_config(Path(stand_in) / "config.pbtxt")}
+    folders = {SERVED_HERE: Path(stand_in)}
+    for title, (folder, extra) in BATCHING_OPTIONS.items():
+        made = _add_sub_options(options / folder / "add_sub", compiled, **extra)
+        configs[title], folders[title] = made.config, made.path
+    table = settings_table(configs)
+    table.attrs["folders"] = folders
+    return table
 
 
-def config_diff(old_dir: str | os.PathLike, new_dir: str | os.PathLike) -> str:
-    """A unified diff between two model folders' ``config.pbtxt`` (canonical form)."""
-    old, new = (
-        read_config(Path(old_dir) / "config.pbtxt"),
-        read_config(Path(new_dir) / "config.pbtxt"),
+#: What each setting of a generated Neuron model does, in a learner's words.
+MEANINGS = {
+    "inputs": "the tensors a request carries: name, type, shape without the batch",
+    "outputs": "the tensors an answer carries",
+    "max batch size": "the most requests Triton puts in one call of the model",
+    "dynamic batching": "Triton's batcher: how long a request may wait for others to join it",
+    "instances": "copies of the model Triton runs side by side",
+    "TARGET": "what the model was compiled for: cpu loads it with torch.jit, inf2 and trn1 with "
+    "torch_neuronx, inf1 with torch_neuron",
+    "COMPILED_MODEL": "the compiled file, from the model folder; an inf2 one is made on the inf2 "
+    "host by labkit neuron compile --target inf2",
+    "MODEL_TYPE": "pytorch (TorchScript) or tensorflow (a SavedModel)",
+    "NEURON_CORE_START_INDEX": "the first NeuronCore of the range the instances share out",
+    "NEURON_CORE_END_INDEX": "the last NeuronCore of that range",
+    "NUM_THREADS_PER_CORE": "host threads per NeuronCore",
+    "BATCH_REQUESTS_TO_NEURON": "true: one call of the compiled model per batch; false: one call "
+    "per request of the batch, for a model compiled for batch 1",
+    "TAG_SET": "which graph of the SavedModel to load",
+    "SIGNATURE_DEF_KEY": "which signature of that graph to call",
+}
+
+
+def settings(config: mc.ModelConfig) -> dict[str, str]:
+    """A model config's settings in words, one line each: the tensors, batching, instances and
+    every parameter (the name and the version policy left out)."""
+
+    def tensors(specs) -> str:
+        return (
+            ", ".join(f"{t.name} {mc_type(t.data_type)} {list(t.dims)}" for t in specs) or "(none)"
+        )
+
+    batching = "off"
+    if config.HasField("dynamic_batching"):
+        b = config.dynamic_batching
+        parts = [f"waits up to {b.max_queue_delay_microseconds} µs"]
+        if b.preferred_batch_size:
+            parts.append("prefers batches of " + ", ".join(map(str, b.preferred_batch_size)))
+        batching = "on, " + ", ".join(parts)
+    groups = ", ".join(
+        f"{g.count} ({mc.ModelInstanceGroup.Kind.Name(g.kind).removeprefix('KIND_').lower()})"
+        for g in config.instance_group
     )
-    return diff_configs(old, new, f"{Path(old_dir).name} -> {Path(new_dir).name}")
+    said = {
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+        "max batch size": str(config.max_batch_size) if config.max_batch_size else "0 (none)",
+        "dynamic batching": batching,
+        "instances": groups or "1 (default)",
+    }
+    said.update({key: config.parameters[key].string_value for key in sorted(config.parameters)})
+    return said
+
+
+def mc_type(data_type: int) -> str:
+    """Triton's data type name without its prefix: ``TYPE_INT64`` -> ``INT64``."""
+    return mc.DataType.Name(data_type).removeprefix("TYPE_")
+
+
+def settings_table(
+    configs: dict[str, mc.ModelConfig], *, differences_only: bool = True
+) -> pd.DataFrame:
+    """Model configs side by side, in words (:func:`settings`): one row per setting, one column
+    per config (titled by its key), "(unset)" where a config lacks it, and what the setting does
+    (:data:`MEANINGS`). With ``differences_only`` (and two configs or more) only the settings
+    that differ are kept."""
+    said = {title: settings(config) for title, config in configs.items()}
+    names = list(dict.fromkeys(name for each in said.values() for name in each))
+    rows = []
+    for name in names:
+        values = [said[title].get(name, "(unset)") for title in configs]
+        if differences_only and len(configs) > 1 and len(set(values)) == 1:
+            continue
+        rows.append({"setting": name, **dict(zip(configs, values, strict=True)),
+                     "what it sets": MEANINGS.get(name, "")})  # fmt: skip
+    return pd.DataFrame(rows, columns=["setting", *configs, "what it sets"])
 
 
 def tensorflow_model(run_dir: str | os.PathLike) -> GeneratedModel:
@@ -350,6 +452,7 @@ def tensorflow_model(run_dir: str | os.PathLike) -> GeneratedModel:
             neuron_core_range="0:0",
             inputs=[TensorSpec("input_1", "FP32", (1, 224, 224, 3))],
             outputs=[TensorSpec("probabilities", "FP32", (1, 1000))],
+            compiled_elsewhere=True,  # the SavedModel is compiled on the inf1 host
         )
     )
 
