@@ -19,7 +19,7 @@ from labkit import proc
 from labkit.errors import ConfigError, LabkitError, MissingFileError
 from labkit.lessons.takeaway import Takeaway
 from labkit.report import FIGURES_FILE, TAKEAWAY_FILE
-from labkit.repository import apply_edits, prepare_run_repository, read_config
+from labkit.repository import apply_edits, full_model, prepare_run_repository, read_config
 from labkit.runs import run_folder
 from labkit.server import (
     TritonServer,
@@ -60,6 +60,7 @@ __all__ = [
     "apply_edits",
     "describe_repository",
     "expect_error",
+    "full_model",
     "image_beside_tutorial",
     "image_build_command",
     "index",
@@ -80,11 +81,14 @@ __all__ = [
 ]
 
 
-def describe_repository(repository: str | os.PathLike) -> str:
-    """A tree of the repository's model folders, as the tutorial shows it (weights excluded)."""
+def describe_repository(repository: str | os.PathLike, models: list[str] | None = None) -> str:
+    """A tree of the repository's model folders (only ``models`` when given), as the tutorial
+    shows it (weights excluded)."""
     root = Path(repository)
     lines = [f"{root.name}/"]
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if models is not None and model_dir.name not in models:
+            continue
         lines.append(f"  {model_dir.name}/")
         for item in sorted(model_dir.rglob("*")):
             if "__pycache__" in item.parts or item.is_dir() and not item.is_symlink():

@@ -44,19 +44,25 @@ def test_setup_says_whether_the_lab_can_start_what_warned_and_what_did_not_run()
         lessons.setup_takeaway(pd.DataFrame())
 
 
-def test_deploy_names_the_ways_that_agreed_and_the_stream():
+def test_deploy_says_what_serving_took_that_every_way_agreed_and_the_stream():
+    ways = {"HTTP infer": "I am going to be. I'm", "gRPC": "I am going to be. I'm"}
     said = lessons.deploy_takeaway(
-        "smollm2", "I am going", " to be a part", ["HTTP infer", "gRPC"], 0.1234, 27.04
+        "smollm2_first", ways, 0.1234, 27.04, model_py_lines=99, stream_model="smollm2_stream"
     ).lines
     assert said == (
-        'Triton served smollm2: "I am going" was answered "to be a part".',
-        "The same answer came back over HTTP infer, gRPC: greedy decoding gives one answer.",
-        "Streamed, the first token came after 0.12 s, then 27.0 tokens/s.",
+        "Serving smollm2_first took a folder with a config.pbtxt and a 99-line model.py, whose "
+        "initialize loads the model and whose execute answers each request.",
+        "Greedy decoding picks the likeliest next token each time, so HTTP infer and gRPC all "
+        "returned the same answer.",
+        "Streamed token by token by smollm2_stream, the first token came after 0.12 s, then "
+        "27.0 tokens/s.",
     )
-    sampled = lessons.deploy_takeaway("m", "p", "a", ["HTTP generate"], 1, 2, greedy=False)
-    assert "with sampling, answers differ" in sampled.lines[1]
-    with pytest.raises(ConfigError, match="ways of asking"):
-        lessons.deploy_takeaway("m", "p", "a", [], 1, 2)
+    assert sentence_count(said) == 3  # the answers, which hold sentences, are not quoted
+    ways["streaming"] = "I am going away"
+    differed = lessons.deploy_takeaway("m", ways, 1, 2, model_py_lines=9, stream_model="s")
+    assert differed.lines[1].startswith("streaming returned another answer than HTTP infer and")
+    with pytest.raises(ConfigError, match="needs the answers"):
+        lessons.deploy_takeaway("m", {}, 1, 2, model_py_lines=9, stream_model="s")
 
 
 def test_multi_model_tells_a_search_by_words_from_one_by_meaning():

@@ -114,33 +114,42 @@ def setup_takeaway(checks: pd.DataFrame) -> Takeaway:
 
 def deploy_takeaway(
     model: str,
-    prompt: str,
-    answer: str,
-    agreed: Sequence[str],
+    answers: dict[str, str],
     ttft_s: float,
     tokens_per_s: float,
     *,
-    greedy: bool = True,
+    model_py_lines: int,
+    stream_model: str,
 ) -> Takeaway:
-    """Notebook 01: what the served model answered, over which ways it agreed, and its stream.
+    """Notebook 01: what serving a model took, whether every way of asking got the same greedy
+    answer, and how fast the answer streamed.
 
-    ``agreed`` names the ways of asking that returned ``answer`` (``"HTTP infer"``, ...).
+    ``answers`` maps each way of asking (``"HTTP infer"``, ...) to the text it returned; the
+    first is the one the others are held to. ``model_py_lines`` counts the served ``model.py``.
     """
-    if not agreed:
-        raise ConfigError("deploy_takeaway() needs the ways of asking that returned the answer")
+    if not answers:
+        raise ConfigError("deploy_takeaway() needs the answers, by the way each was asked")
+
+    def listed(ways: list[str]) -> str:
+        return ways[0] if len(ways) == 1 else f"{', '.join(ways[:-1])} and {ways[-1]}"
+
+    first = next(iter(answers.values()))
+    agreed = [way for way, text in answers.items() if text == first]
+    differed = [way for way in answers if way not in agreed]
     same = (
-        f"The same answer came back over {_names(agreed)}: greedy decoding gives one answer."
-        if greedy and len(agreed) > 1
-        else f"Asked over {_names(agreed)}; with sampling, answers differ from call to call."
-        if not greedy
-        else f"Asked over {agreed[0]}."
+        f"{listed(differed)} returned another answer than {listed(agreed)}, which greedy "
+        "decoding should never do: compare them in the cells above."
+        if differed
+        else f"Greedy decoding picks the likeliest next token each time, so {listed(agreed)} "
+        "all returned the same answer."
     )
     return Takeaway(
         (
-            f'Triton served {model}: "{prompt}" was answered "{answer.strip()}".',
+            f"Serving {model} took a folder with a config.pbtxt and a {model_py_lines}-line "
+            "model.py, whose initialize loads the model and whose execute answers each request.",
             same,
-            f"Streamed, the first token came after {ttft_s:.2f} s, then {tokens_per_s:.1f} "
-            "tokens/s.",
+            f"Streamed token by token by {stream_model}, the first token came after "
+            f"{ttft_s:.2f} s, then {tokens_per_s:.1f} tokens/s.",
         )
     )
 
