@@ -20,6 +20,12 @@ def register(sub) -> None:
     p.add_argument("--load-model", action="append", help="model to load (default: all)")
     p.add_argument("--tritonserver", help="path of a tritonserver executable")
     p.add_argument("--log-file", help="write the server's log here")
+    p.add_argument(
+        "--cache-size",
+        type=int,
+        help="turn on Triton's response cache with this many bytes (models opt in with "
+        "response_cache { enable: true } in config.pbtxt)",
+    )
     p.set_defaults(handler=serve)
 
 
@@ -35,6 +41,7 @@ def serve(args) -> int:
         load_models=args.load_model or models_to_serve(args.model_repository),
         tritonserver=args.tritonserver,
         log_path=args.log_file,
+        cache_size=args.cache_size,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,12 +16,14 @@ from .aiperf import (
     run_aiperf,
     server_cpu_s,
 )
-from .metrics import metrics, request_counts, scrape
+from .metrics import cache_metrics, cache_totals, metrics, request_counts, scrape
 from .perf import Tool, locate_perf_analyzer, perf_analyzer, repeated, report, write_perf_data
 
 __all__ = [
     "Tool",
     "Workload",
+    "cache_metrics",
+    "cache_totals",
     "fixed_workload",
     "locate_aiperf",
     "locate_perf_analyzer",

@@ -115,3 +115,65 @@ def request_counts(metrics_url: str, model: str) -> dict[str, float]:
         if family.name.startswith("nv_inference_request_") and kind in counts:
             counts[kind] += sum(s.value for s in family.samples if s.labels.get("model") == model)
     return counts
+
+
+_CACHE_PER_MODEL = {
+    "nv_cache_num_hits_per_model": "hits",
+    "nv_cache_num_misses_per_model": "misses",
+    "nv_cache_hit_duration_per_model": "hit_us",
+    "nv_cache_miss_duration_per_model": "miss_us",
+}
+_CACHE_TOTALS = {
+    "nv_cache_num_entries": "entries",
+    "nv_cache_util": "util",
+    "nv_cache_num_evictions": "evictions",
+    "nv_cache_num_hits": "hits",
+    "nv_cache_num_misses": "misses",
+    "nv_cache_num_lookups": "lookups",
+}
+
+
+def cache_metrics(
+    source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.0
+) -> pd.DataFrame:
+    """The response cache's counters per model, one row per (model, version) that uses it.
+
+    Columns: ``hits``, ``misses``, ``hit_us`` and ``miss_us`` (Triton's total time spent on
+    lookups that hit, and on lookups and insertions that missed, in microseconds), and their
+    averages ``avg_hit_us``, ``avg_miss_us`` (the cache's own time, not the request's). Empty
+    when no model has the cache enabled, or the server runs without ``--cache-config``.
+    ``since=`` an earlier result gives the change over that interval.
+    """
+    samples = scrape(source, timeout_s)
+    columns = ["model", "version", *_CACHE_PER_MODEL.values()]
+    if samples.empty or "model" not in samples:
+        return pd.DataFrame(columns=columns)
+    rows = samples[samples["name"].isin(_CACHE_PER_MODEL) & samples["model"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    frame = (
+        rows.assign(metric=rows["name"].map(_CACHE_PER_MODEL))
+        .pivot_table(index=["model", "version"], columns="metric", values="value", aggfunc="sum")
+        .reindex(columns=list(_CACHE_PER_MODEL.values()))
+        .fillna(0.0)
+        .reset_index()
+    )
+    frame.columns.name = None
+    if since is not None and not since.empty:
+        before = since.set_index(["model", "version"])[list(_CACHE_PER_MODEL.values())]
+        now = frame.set_index(["model", "version"])
+        frame = now.sub(before.reindex(now.index).fillna(0.0)).reset_index()
+    frame["avg_hit_us"] = frame["hit_us"] / frame["hits"].where(frame["hits"] > 0)
+    frame["avg_miss_us"] = frame["miss_us"] / frame["misses"].where(frame["misses"] > 0)
+    return frame.sort_values(["model", "version"], ignore_index=True)
+
+
+def cache_totals(source, timeout_s: float = 10.0) -> dict[str, float]:
+    """The whole cache's gauges: ``entries``, ``util`` (the fraction of its size in use),
+    ``evictions``, ``hits``, ``misses`` and ``lookups``; empty without a cache."""
+    samples = scrape(source, timeout_s)
+    if samples.empty:
+        return {}
+    rows = samples[samples["name"].isin(_CACHE_TOTALS)]
+    pairs = zip(rows["name"], rows["value"], strict=True)
+    return {_CACHE_TOTALS[name]: float(value) for name, value in pairs}

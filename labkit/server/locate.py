@@ -28,6 +28,9 @@ class ServerBinary:
     source: str  # "argument", "LABKIT_TRITONSERVER", "PATH", "/opt/tritonserver", "nvidia-pytriton"
     backend_directory: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+    #: Where the response cache's libraries are (``caches/local/libtritoncache_local.so``);
+    #: None: the server's own default, ``/opt/tritonserver/caches``.
+    cache_directory: Path | None = None
 
 
 def locate_tritonserver(explicit: str | os.PathLike | None = None) -> ServerBinary:
@@ -44,10 +47,10 @@ def locate_tritonserver(explicit: str | os.PathLike | None = None) -> ServerBina
                     f"tritonserver given by {source} is not an executable file: {str(path)!r}; "
                     "fix the path or unset it to use the server bundled with nvidia-pytriton"
                 )
-            return ServerBinary(path, source)
+            return ServerBinary(path, source, cache_directory=cache_directory(path))
     on_path = shutil.which("tritonserver")
     if on_path and not _is_labkit_wrapper(Path(on_path)):
-        return ServerBinary(Path(on_path), "PATH")
+        return ServerBinary(Path(on_path), "PATH", cache_directory=cache_directory(Path(on_path)))
     opt = Path("/opt/tritonserver/bin/tritonserver")
     if opt.is_file():
         return ServerBinary(opt, "/opt/tritonserver")
@@ -94,7 +97,16 @@ def bundled_tritonserver() -> ServerBinary:
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "LD_LIBRARY_PATH": os.pathsep.join(libs + [os.environ.get("LD_LIBRARY_PATH", "")]),
     }
-    return ServerBinary(binary, "nvidia-pytriton", _backend_copy(root, stub, version), env)
+    backend = _backend_copy(root, stub, version)
+    return ServerBinary(binary, "nvidia-pytriton", backend, env, cache_directory(binary))
+
+
+def cache_directory(binary: Path) -> Path | None:
+    """The ``caches/`` folder beside a server's ``bin/`` (the bundled server's, or an install's
+    under another prefix), when it holds a cache; None otherwise. Triton itself looks only in
+    ``/opt/tritonserver/caches``, so a server installed elsewhere needs ``--cache-directory``."""
+    folder = Path(binary).resolve().parent.parent / "caches"
+    return folder if any(folder.glob("*/libtritoncache_*.so")) else None
 
 
 def _backend_copy(root: Path, stub: Path, version: str) -> Path:

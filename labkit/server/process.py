@@ -55,6 +55,7 @@ from labkit.settings import startup_timeout_s as startup_timeout_s_setting
 log = logging.getLogger(__name__)
 
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
+CONTAINER_CACHES = "/opt/tritonserver/caches"  # the NGC image's response-cache libraries
 MODES = ("local", "docker", "remote")
 #: Starts tried with newly picked free ports when another process took one before Triton bound it.
 PORT_ATTEMPTS = 3
@@ -69,6 +70,11 @@ class TritonServer(Addresses):
 
     ``cores`` pins the server, its model stubs and what they start to those CPU cores (a
     benchmark keeps its load generator off them).
+
+    ``cache_size`` (bytes) turns on Triton's response cache (the ``local`` cache, that many
+    bytes shared by every model whose config says ``response_cache { enable: true }``). The
+    bundled server's cache library is found beside it (``--cache-directory``); in docker mode it
+    is the NGC image's own ``/opt/tritonserver/caches``.
     """
 
     def __init__(
@@ -90,6 +96,7 @@ class TritonServer(Addresses):
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cores: tuple[int, ...] | None = None,
+        cache_size: int | None = None,
     ) -> None:
         self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
@@ -103,6 +110,12 @@ class TritonServer(Addresses):
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
         self.cores = tuple(cores) if cores else None  # pinned to these CPU cores, stubs included
+        if cache_size is not None and (isinstance(cache_size, bool) or int(cache_size) < 1):
+            raise ServerError(
+                f"cache_size={cache_size!r}: the response cache needs a size of 1 byte or more "
+                "(for example 16777216 for 16 MiB); pass None for no cache"
+            )
+        self.cache_size = int(cache_size) if cache_size is not None else None
         self._explicit_binary = tritonserver
         self._binary: ServerBinary | None = None
         self._process: subprocess.Popen | None = None
@@ -161,9 +174,21 @@ class TritonServer(Addresses):
         ]
         return args + self.extra_args
 
+    def cache_args(self, cache_directory: str | os.PathLike | None) -> list[str]:
+        """The response cache's arguments: none without :attr:`cache_size`; else the ``local``
+        cache of that many bytes, its library looked for in ``cache_directory`` (None: Triton's
+        default, ``/opt/tritonserver/caches``)."""
+        if self.cache_size is None:
+            return []
+        args = [f"--cache-config=local,size={self.cache_size}"]
+        if cache_directory is not None:
+            args.append(f"--cache-directory={cache_directory}")
+        return args
+
     def local_command(self) -> list[str]:
         binary = self.binary
         args = [str(binary.path), *self.server_args(self.model_repository)]
+        args += self.cache_args(binary.cache_directory)
         if binary.backend_directory:
             args.insert(1, f"--backend-directory={binary.backend_directory}")
         return args
@@ -203,6 +228,7 @@ class TritonServer(Addresses):
         labkit_cache = cache_dir()
         cmd += ["-v", f"{labkit_cache}:{labkit_cache}:ro"]  # local weights are linked from here
         cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
+        cmd += self.cache_args(CONTAINER_CACHES)
         return cmd
 
     @property
