@@ -10,7 +10,7 @@ public surface. Importing this package loads none of them, and no model library.
   prompt box);
 - ``profiling``, ``plots``, ``lessons``: measure a served model, chart it, say what it shows;
 - ``capacity``, ``embedding``, ``llm_serving``, ``cluster``, ``deploy``, ``hardware``, ``neuron``,
-  ``doctor``: one notebook's subject each.
+  ``doctor``, ``pipeline``: one notebook's subject each.
 
 Dependencies point one way, from the top layer down; ``tests/test_layers.py`` holds them:
 
@@ -20,7 +20,7 @@ Dependencies point one way, from the top layer down; ``tests/test_layers.py`` ho
 4. talking to a server and measuring it: ``client``, ``streaming``, ``load``, ``embedding``,
    ``profiling/``, ``capacity``, ``neuron/``, ``cluster/``, ``deploy/``;
 5. the lab around it: ``lab``, ``headless``, ``report``, ``widgets``, ``plots``, ``lessons``,
-   ``doctor``, ``bench``, ``llm_serving/``, ``soak``, ``gpu_check/``;
+   ``doctor``, ``bench``, ``llm_serving/``, ``soak``, ``pipeline``, ``gpu_check/``;
 6. the command line: ``cli/``, which nothing imports.
 
 A module imports only from its own layer or below, and no import cycle exists.

@@ -41,6 +41,7 @@ LAYERS = {
     "bench": 5,
     "llm_serving": 5,
     "soak": 5,
+    "pipeline": 5,
     "gpu_check": 5,
     "lessons": 5,
     "cli": 6,

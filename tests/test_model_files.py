@@ -34,6 +34,7 @@ TEMPLATE_SOURCES = {"textgen": "smollm2/1", "embedding": "minilm/1"}
 LOCAL_LINKS = ("weights", "hf_cache")
 # What the server's Python environment has (an NGC container included), besides the stdlib.
 SERVER_PACKAGES = {"numpy", "torch", "transformers", "triton_python_backend_utils"}
+SERVER_PACKAGES |= {"tokenizers"}  # transformers' own tokenizer library (minilm_tokenize)
 # Modules that model.py imports only when a config asks for them (in-flight batching).
 ON_REQUEST = {"smollm2/1": ("inflight",)}
 # The learner's first model: one model.py of about the tutorial's size (about 70 lines of code).

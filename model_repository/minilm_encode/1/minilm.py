@@ -1,0 +1,1 @@
+../../minilm/1/model.py
