@@ -1,26 +1,80 @@
-"""Notebook 03's lesson: dynamic batching off against on, beside the tutorial's figures.
+"""Notebook 03's lesson: what dynamic batching buys, and when a queue delay is worth its wait.
 
-Every sentence that names a figure says the window it comes from: one concurrency level's
-perf_analyzer measurement (the level both sweeps share at the top), a whole sweep (Triton's
-counters over every level), or the tutorial's own runs. Gains and losses are :class:`Ratio`\\ s.
+Two experiments, each with the mechanism that predicts it:
+
+- **Batching off against on**, with perf_analyzer's closed-loop clients: one ``generate`` over
+  several prompts costs little more than over one, so when several requests wait together,
+  running them as one batch multiplies throughput. One client never has company: nothing to batch.
+- **A queue delay** (``max_queue_delay_microseconds``), with requests that arrive one at a time
+  (:func:`measure_arrivals`, paced like independent users), delay and no delay in alternating
+  rounds (:func:`delay_rounds`): the delay holds the first request until others join it, which
+  buys bigger batches (less model time per request) and costs waiting. A lone client waits the
+  whole delay on every request.
+
+:func:`batching_conclusion` explains both with the figures that matter, calls a difference
+within the measured spread a tie, and keeps at most six headline figures and a three-sentence
+takeaway. :func:`sweep_table`, :func:`served_table` and :func:`arrivals_table` put the
+measurements in words a learner reads, with units.
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import pandas as pd
 
-from labkit.errors import ConfigError
+from labkit import profiling
+from labkit.errors import ConfigError, InferenceError
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
+from labkit.load import Load
 
 #: The tutorial's perf_analyzer figures: falcon-7b on an Intel i9 with an NVIDIA A6000.
 TUTORIAL_HARDWARE = "falcon-7b on an NVIDIA A6000"
+TUTORIAL_ROW = "tutorial's A6000"  # how the table names the tutorial's rows
 TUTORIAL_OFF = {1: 21.3841}  # infer/s, batching off (the tutorial measured only concurrency 1)
 TUTORIAL_ON = {4: 31.8264, 8: 46.2105, 16: 53.6549}  # infer/s, dynamic_batching {}, max 8
 
-#: A batch that takes at most this many times one request's compute "costs little more than one".
-LITTLE_MORE = 1.25
+#: The settings :func:`delay_rounds` measures: paced arrivals without and with the queue delay
+#: (alternating), then one closed-loop client with the delay.
+NO_DELAY, DELAY, LONE = "paced, no delay", "paced, queue delay", "1 client, queue delay"
+#: How long to wait for Triton's counters to count the last answered request.
+COUNTERS_TIMEOUT_S = 10.0
+
+#: perf_analyzer's columns as a learner reads them (labkit.profiling's names -> words, units).
+SWEEP_COLUMNS = {
+    "concurrency": "clients",
+    "throughput": "requests/s",
+    "p50_ms": "p50 latency (ms)",
+    "p95_ms": "p95 latency (ms)",
+    "p99_ms": "p99 latency (ms)",
+    "queue_ms": "queue wait (ms)",
+    "compute_infer_ms": "compute per execution (ms)",
+    "avg_batch_size": "requests per execution",
+    "request_count": "requests measured",
+    "stable": "settled",
+}
+#: Triton's counters over a whole sweep (:func:`labkit.profiling.metrics`), in words.
+SERVED_COLUMNS = {
+    "config": "sweep",
+    "inference_count": "requests",
+    "execution_count": "executions",
+    "avg_batch_size": "requests per execution",
+    "avg_queue_ms": "queue wait (ms)",
+    "avg_compute_infer_ms": "compute per execution (ms)",
+}
+COUNTS = ("inference_count", "execution_count", "requests")
+#: :func:`measure_arrivals`' rows, in words.
+ARRIVAL_COLUMNS = {
+    "round": "round",
+    "setting": "setting",
+    "requests": "requests",
+    "batch": "requests per execution",
+    "queue_ms": "queue wait (ms)",
+    "compute_ms": "compute per execution (ms)",
+    "model_ms_per_request": "model time per request (ms)",
+    "p50_ms": "p50 latency (ms)",
+}
 
 
 def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
@@ -28,184 +82,440 @@ def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
     return float(rows.iloc[0][column]) if len(rows) else math.nan
 
 
+def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """A perf_analyzer sweep (:func:`labkit.profiling.perf_analyzer`) as a learner reads it: one
+    row per number of clients, columns in words with units, rounded."""
+    table = _whole(frame[[c for c in SWEEP_COLUMNS if c in frame]], "request_count")
+    if "stable" in table:
+        table["stable"] = table["stable"].map({True: "yes", False: "no"})
+    table = table.round(2).rename(columns=SWEEP_COLUMNS)
+    return table.set_index("clients") if "clients" in table else table
+
+
+def _whole(frame: pd.DataFrame, *counts: str) -> pd.DataFrame:
+    """``frame`` with its milliseconds and ``counts`` columns as whole numbers (blank if none)."""
+    frame = frame.copy()
+    for column in frame:
+        if column.endswith("_ms") or column in counts:
+            frame[column] = frame[column].round(0).astype("Int64")
+    return frame
+
+
+def served_table(served: pd.DataFrame) -> pd.DataFrame:
+    """Triton's counters over each sweep (:func:`labkit.profiling.metrics` ``since=`` frames with
+    a ``config`` column), in words."""
+    table = _whole(served[[c for c in SERVED_COLUMNS if c in served]], *COUNTS)
+    table = table.round(2).rename(columns=SERVED_COLUMNS).rename_axis(columns=None)
+    return table.set_index("sweep") if "sweep" in table else table
+
+
+def measure_arrivals(
+    server,
+    model: str,
+    *,
+    every_s: float | None,
+    requests: int,
+    prompt: str,
+    clients: int = 8,
+    timeout_s: float = 300.0,
+) -> dict:
+    """Send ``requests`` requests to ``model``, one every ``every_s`` seconds (paced, as
+    independent users arrive; at most ``clients`` in flight), or from ``clients`` closed-loop
+    clients when ``every_s`` is None; return what the server did with them.
+
+    The row: ``batch`` (requests per execution), ``queue_ms`` (average wait in the scheduler's
+    queue), ``compute_ms`` (average compute per execution: each request of a batch is charged the
+    whole execution), ``model_ms_per_request`` (compute per execution over the batch: the model's
+    time each request cost), and the client's ``p50_ms``, from Triton's counters over the load.
+    """
+    if requests < 1 or (every_s is not None and every_s <= 0):
+        raise ConfigError(
+            f"requests={requests} must be >= 1 and every_s={every_s} > 0 (or None: closed loop)"
+        )
+    before = profiling.metrics(server)
+    rate = 1.0 / every_s if every_s else None
+    load = Load(
+        server.http_url,
+        model,
+        endpoint="infer",
+        prompt=prompt,
+        concurrency=clients,
+        rate_per_s=rate,
+        max_requests=requests,
+        timeout_s=timeout_s,
+    )
+    with load:
+        load.join(timeout_s * requests)
+    summary = load.summary()
+    if summary["failed"]:
+        raise InferenceError(
+            f"{summary['failed']} of {requests} requests to {model!r} failed: "
+            f"{summary['failures_by_cause']}"
+        )
+    served = _served_since(server, model, before, summary["answered"])
+    batch = float(served["avg_batch_size"])
+    compute = float(served["avg_compute_infer_ms"])
+    return {
+        "requests": summary["answered"],
+        "batch": batch,
+        "queue_ms": float(served["avg_queue_ms"]),
+        "compute_ms": compute,
+        "model_ms_per_request": compute / batch if batch else math.nan,
+        "p50_ms": float(summary["p50_ms"]),
+        "seconds": float(summary["seconds"]),
+    }
+
+
+def _served_since(server, model: str, before: pd.DataFrame, answered: int) -> pd.Series:
+    """Triton's counters for ``model`` since ``before``, once they count every answered request
+    (Triton counts a request just after it sends the answer)."""
+    deadline = time.monotonic() + COUNTERS_TIMEOUT_S
+    while True:
+        served = profiling.metrics(server, since=before).set_index("model").loc[model]
+        if served["inference_count"] >= answered or time.monotonic() > deadline:
+            return served
+        time.sleep(0.1)
+
+
+def delay_rounds(
+    server,
+    plain: str,
+    delayed: str,
+    *,
+    every_s: float,
+    requests: int,
+    prompt: str,
+    rounds: int = 2,
+    lone_requests: int = 0,
+) -> pd.DataFrame:
+    """The same paced arrivals to ``plain`` (batching, no queue delay) and ``delayed`` (the same
+    model with one), in alternating rounds (no delay, delay, no delay, delay, ...): the host's
+    drift falls on both alike, and the rounds show the spread. Then, when ``lone_requests``,
+    that many requests from one closed-loop client to ``delayed``: low load. One row per round
+    and setting (:data:`NO_DELAY`, :data:`DELAY`, :data:`LONE`)."""
+    if rounds < 1:
+        raise ConfigError(f"rounds must be 1 or more, got {rounds}")
+    rows = []
+    for r in range(1, rounds + 1):
+        for setting, model in ((NO_DELAY, plain), (DELAY, delayed)):
+            row = measure_arrivals(server, model, every_s=every_s, requests=requests, prompt=prompt)
+            rows.append({"round": r, "setting": setting, **row})
+    if lone_requests:
+        row = measure_arrivals(
+            server, delayed, every_s=None, requests=lone_requests, prompt=prompt, clients=1
+        )
+        rows.append({"round": 1, "setting": LONE, **row})
+    return pd.DataFrame(rows)
+
+
+def arrivals_table(arrivals: pd.DataFrame) -> pd.DataFrame:
+    """:func:`delay_rounds`' (or :func:`measure_arrivals`') rows, in words, rounded."""
+    table = arrivals[[c for c in ARRIVAL_COLUMNS if c in arrivals]].copy()
+    for column in ("queue_ms", "compute_ms", "model_ms_per_request", "p50_ms"):
+        if column in table:
+            table[column] = table[column].round(0).astype("Int64")
+    table = table.round(2).rename(columns=ARRIVAL_COLUMNS)
+    return table.set_index("setting") if "setting" in table else table
+
+
+def paced_interval_s(compute_ms: float) -> float:
+    """The gap between paced arrivals: twice one request's compute (``compute_ms``, alone),
+    rounded up to 0.1 s, so that without a delay each request finds the model idle and runs
+    alone, even when the host runs up to twice as slow as when ``compute_ms`` was measured."""
+    if not compute_ms > 0:
+        raise ConfigError(f"one request's compute must be > 0 ms, got {compute_ms}")
+    return math.ceil(2 * compute_ms / 100) / 10
+
+
+def queue_delay_us(every_s: float) -> int:
+    """A delay of 2.5 arrival gaps: the first request of a batch waits for the next two, and the
+    batch leaves before a fourth can arrive."""
+    return int(round(2.5 * every_s * 1e6))
+
+
+def verdict(new: list[float], old: list[float], *, floor: float = 1.0) -> int:
+    """+1 when every ``new`` is above every ``old`` and the means differ by more than ``floor``
+    (a ratio), -1 when every ``new`` is below, else 0: a tie, within the rounds' spread."""
+    if not new or not old:
+        return 0
+    ratio = _mean(new) / _mean(old) if _mean(old) else math.inf
+    if min(new) > max(old) and ratio > floor:
+        return 1
+    if max(new) < min(old) and ratio < 1 / floor:
+        return -1
+    return 0
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def batching_conclusion(
     off: pd.DataFrame,
     on: pd.DataFrame,
-    delayed: pd.DataFrame | None = None,
+    arrivals: pd.DataFrame | None = None,
     *,
-    sweep_batch: float | None = None,
-    queue_delay_us: int | None = None,
+    every_s: float | None = None,
+    delay_us: int | None = None,
 ) -> Conclusion:
-    """Batching off against on (and against on with a queue delay), level by level.
+    """What the notebook measured, explained: batching off against on at the most clients both
+    sweeps measured, and (when given) the queue delay's ``arrivals`` (:func:`delay_rounds`: paced
+    rounds, one request every ``every_s`` seconds, and a lone client). ``delay_us`` is the delay.
 
-    ``off``/``on``/``delayed`` are :func:`labkit.profiling.perf_analyzer` sweeps. The headline
-    figures are taken at the highest concurrency both sweeps measured (8 by default), in that
-    level's measurement windows. ``sweep_batch`` is the average batch over the whole batching-on
-    sweep (Triton's counters, every level), ``queue_delay_us`` the delayed run's queue delay.
+    A gain counts only beyond x1.2 and beyond the drift the two sweeps show at 1 client (where
+    batching has nothing to group, so off and on measure the same thing); the delay's effects
+    count only where every round of one setting is beyond every round of the other.
     """
     levels = sorted(set(off["concurrency"]) & set(on["concurrency"]))
     if not levels:
         raise ConfigError(
             "the two sweeps share no concurrency level; measure both at the same ones"
         )
-    table = _table(off, on, delayed, levels)
     c = levels[-1]
-    gain = Ratio.between(_at(on, c, "throughput"), _at(off, c, "throughput"), "infer/s")
-    p99 = Ratio.between(_at(on, c, "p99_ms"), _at(off, c, "p99_ms"), "p99 latency")
+    rate_off, rate_on = _at(off, c, "throughput"), _at(on, c, "throughput")
+    gain = Ratio.between(rate_on, rate_off, "requests/s")
     batch = _at(on, c, "avg_batch_size")
-    figures: dict = {
-        f"throughput_ratio_c{c}": gain,
-        f"p99_ratio_c{c}": p99,
-        f"avg_batch_size_c{c}": round(batch, 2),
-    }
-    window = f"At concurrency {c} (perf_analyzer's measurement at that level)"
-    lines = [
-        f"{window}, dynamic batching served {_at(on, c, 'throughput'):.2f} infer/s against "
-        f"{_at(off, c, 'throughput'):.2f} without it: {gain}. Its p99 latency went from "
-        f"{_at(off, c, 'p99_ms'):.0f} ms to {_at(on, c, 'p99_ms'):.0f} ms ({p99}), and Triton "
-        f"executed {batch:.2f} requests per call on average in that measurement."
+    drift = _drift(off, on) if c != 1 else 1.0
+    bar = max(GAIN, drift)
+    figures: dict = {f"batching_gain_at_{c}_clients": gain}
+    if not math.isnan(batch):
+        figures[f"requests_per_execution_at_{c}_clients"] = round(batch, 2)
+    rows = [
+        _row(f"batching off, {c} clients", rate_off, off, c),
+        _row(f"batching on, {c} clients", rate_on, on, c),
     ]
-    if sweep_batch is not None and not math.isnan(sweep_batch):
-        figures["avg_batch_size_on_sweep"] = round(float(sweep_batch), 2)
-        sweep_levels = ", ".join(str(int(level)) for level in sorted(on["concurrency"]))
-        why = (
-            ": the lower levels have fewer requests waiting to be batched"
-            if sweep_batch < batch
-            else ""
-        )
+    lines = [_batching_words(c, gain, bar, batch, off, on)]
+    if drift > 1.0:
         lines.append(
-            f"Over the whole batching-on sweep (Triton's counters across concurrency "
-            f"{sweep_levels}, every window perf_analyzer ran), the average batch was "
-            f"{sweep_batch:.2f}{why}."
+            f"At 1 client, where there is nothing to batch, the two sweeps differ by "
+            f"x{drift:.2f}: that is this host's drift between them, so only a change beyond "
+            f"x{bar:.2f} counts."
         )
-    cost = _batch_cost(off, on, c, batch)
-    if cost:
-        figures[f"compute_per_request_ratio_c{c}"] = cost[1]
-        lines.append(cost[0])
-    lines.append(_tutorial(c, gain))
-    if delayed is not None and c in set(delayed["concurrency"]):
-        d_gain = Ratio.between(_at(delayed, c, "throughput"), _at(off, c, "throughput"), "infer/s")
-        d_batch = _at(delayed, c, "avg_batch_size")
-        figures[f"delayed_throughput_ratio_c{c}"] = d_gain
-        figures[f"delayed_avg_batch_size_c{c}"] = round(d_batch, 2)
-        delay = f"of {queue_delay_us / 1000:.0f} ms " if queue_delay_us else ""
-        lines.append(
-            f"With a queue delay {delay}(its own perf_analyzer run at concurrency {c}), Triton "
-            f"executed {d_batch:.2f} requests per call and served {_at(delayed, c, 'throughput'):.2f}"
-            f" infer/s, {d_gain} against batching off at {c}"
-            + (
-                ": without a delay, a request that arrives just after a batch started waits for "
-                "the next one, and the clients settle into smaller groups that take turns."
-                if d_batch > batch
-                else f"; its batches were no larger than without the delay ({batch:.2f})."
-            )
-        )
-    caveat = unsettled({"off": off, "on": on, "delayed": delayed})
+    lines.append(_tutorial())
+    takeaway = [_batching_takeaway(c, gain, bar, rate_on, rate_off, batch)]
+    if arrivals is not None and not arrivals.empty:
+        words, line, delay_figures, delay_rows = _delay(arrivals, every_s, delay_us)
+        figures.update(delay_figures)
+        rows += delay_rows
+        lines.append(words)
+        takeaway += line
+    caveat = unsettled({"batching off": off, "batching on": on})
     if caveat:
         lines.append(caveat)
-    takeaway = [
-        f"At concurrency {c}, dynamic batching gave {gain} ({_at(on, c, 'throughput'):.1f} "
-        f"against {_at(off, c, 'throughput'):.1f}) and {p99}.",
-        f"Triton executed {batch:.2f} requests per call at concurrency {c}"
-        + (
-            f", {figures['avg_batch_size_on_sweep']:.2f} over the whole sweep."
-            if "avg_batch_size_on_sweep" in figures
-            else "."
-        ),
-    ]
-    if f"delayed_throughput_ratio_c{c}" in figures:
-        takeaway.append(
-            f"With a queue delay, {figures[f'delayed_avg_batch_size_c{c}']:.2f} requests per "
-            f"call and {figures[f'delayed_throughput_ratio_c{c}']} against batching off."
-        )
+    table = pd.DataFrame(rows + _tutorial_rows()).set_index("measured")
     return Conclusion(table, figures, "\n".join(lines), tuple(takeaway))
 
 
-def _table(
-    off: pd.DataFrame, on: pd.DataFrame, delayed: pd.DataFrame | None, levels: list
-) -> pd.DataFrame:
-    """One row per shared level; the tutorial's figures in two columns, batching off and on."""
-    rows = []
-    for c in levels:
-        row = {
-            "concurrency": c,
-            "off infer/s": _at(off, c, "throughput"),
-            "on infer/s": _at(on, c, "throughput"),
-            "off p95 ms": _at(off, c, "p95_ms"),
-            "on p95 ms": _at(on, c, "p95_ms"),
-            "off p99 ms": _at(off, c, "p99_ms"),
-            "on p99 ms": _at(on, c, "p99_ms"),
-            "on batch": _at(on, c, "avg_batch_size"),
-        }
-        if delayed is not None:
-            row["delayed infer/s"] = _at(delayed, c, "throughput")
-            row["delayed p99 ms"] = _at(delayed, c, "p99_ms")
-            row["delayed batch"] = _at(delayed, c, "avg_batch_size")
-        row["tutorial off infer/s"] = TUTORIAL_OFF.get(c, math.nan)
-        row["tutorial on infer/s"] = TUTORIAL_ON.get(c, math.nan)
-        rows.append(row)
-    return pd.DataFrame(rows).round(2)
+def _drift(off: pd.DataFrame, on: pd.DataFrame) -> float:
+    """How far apart the two sweeps are at 1 client (>= 1), or 1 when either lacks it."""
+    ratio = _at(on, 1, "throughput") / _at(off, 1, "throughput")
+    if math.isnan(ratio) or ratio <= 0:
+        return 1.0
+    return max(ratio, 1 / ratio)
 
 
-def _batch_cost(off: pd.DataFrame, on: pd.DataFrame, c: int, batch: float) -> tuple | None:
-    """The sentence on what a batch costs at level ``c``, from the server's compute times: one
-    batched execution (every request in it is charged the whole execution) against one request
-    alone; and the compute per request in a batch over that alone, as a :class:`Ratio`."""
+#: What a table cell says for a figure this setting has none of.
+NONE = "–"
+
+
+def _cell(value: float, digits: int = 0) -> float | int | str:
+    """A table cell: ``value`` rounded (an int for whole milliseconds), or :data:`NONE`."""
+    value = float(value)
+    if math.isnan(value):
+        return NONE
+    return round(value) if digits == 0 else round(value, digits)
+
+
+def _row(measured: str, rate: float, frame: pd.DataFrame, c: int) -> dict:
+    return {
+        "measured": measured,
+        "requests/s": _cell(rate, 2),
+        "requests per execution": _cell(_at(frame, c, "avg_batch_size"), 2),
+        "queue wait (ms)": _cell(_at(frame, c, "queue_ms")),
+        "p50 latency (ms)": _cell(_at(frame, c, "p50_ms")),
+    }
+
+
+def _batching_words(
+    c: int, gain: Ratio, bar: float, batch: float, off: pd.DataFrame, on: pd.DataFrame
+) -> str:
+    rate_off, rate_on = _at(off, c, "throughput"), _at(on, c, "throughput")
     alone, batched = _at(off, c, "compute_infer_ms"), _at(on, c, "compute_infer_ms")
-    if any(math.isnan(x) for x in (alone, batched, batch)) or not alone or batch <= 0:
-        return None
-    per_request = Ratio(batched / batch / alone, "compute per request")
-    head = (
-        f"In the same measurements at {c}, one batched execution ({batch:.2f} requests on "
-        f"average) took {batched:.0f} ms of compute against {alone:.0f} ms for one request "
-        f"alone (x{batched / alone:.2f})"
+    cost = (
+        f", and one execution of {batch:.1f} requests took {batched:.0f} ms against {alone:.0f} ms "
+        "for one request alone"
+        if not any(math.isnan(x) for x in (alone, batched, batch))
+        else ""
     )
-    if batch >= 2 and batched / alone <= LITTLE_MORE:
-        words = f"{head}: a batch cost little more than one request, {per_request}."
-    elif per_request.value <= 1 / GAIN:
-        words = (
-            f"{head}: a batch cost more than one request, but less than its requests one by "
-            f"one: {per_request}."
+    if gain.value >= bar:
+        said = (
+            f"With {c} clients, batching served {rate_on:.2f} requests/s against {rate_off:.2f} "
+            f"without it ({gain}): Triton ran {batch:.1f} requests per execution{cost}."
         )
-    elif per_request.value < GAIN:
-        words = (
-            f"{head}: a request cost about as much in a batch as alone ({per_request}), so "
-            "batching saved no compute here."
-        )
-    else:
-        words = f"{head}: a request cost more in a batch than alone ({per_request})."
-    return words, per_request
-
-
-def _tutorial(c: int, gain: Ratio) -> str:
-    """The tutorial's figures, each with its concurrency, and whether this run agrees."""
-    off_level, off_rate = next(iter(TUTORIAL_OFF.items()))
-    on_rate = TUTORIAL_ON.get(c)
-    if on_rate:
-        theirs = Ratio(on_rate / off_rate, "infer/s")
-        measured = (
-            f"{on_rate:.1f} with it at concurrency {c}: {theirs}, across two concurrencies "
-            f"(it gives no unbatched figure at {c})"
+    elif gain.value > 1 / bar:
+        said = (
+            f"With {c} clients, batching served {rate_on:.2f} requests/s against {rate_off:.2f} "
+            f"without it ({gain}), within x{bar:.2f} either way: a tie on this host. Triton ran "
+            f"{batch:.1f} requests per execution{cost}."
         )
     else:
-        measured = f"no figure at concurrency {c}"
+        said = (
+            f"With {c} clients, batching served fewer requests: {rate_on:.2f} a second against "
+            f"{rate_off:.2f} ({gain}); Triton ran {batch:.1f} requests per execution{cost}."
+        )
+    return f"{said} {_groups(c, batch)}" if not math.isnan(batch) else said
+
+
+def _groups(c: int, batch: float) -> str:
+    """Why ``c`` closed-loop clients made batches of ``batch``: the requests answered together
+    come back together."""
+    if batch >= c - 0.5:
+        return (
+            f"All {c} clients travelled as one group: the requests answered together come back "
+            "together, so every batch was full the moment it formed."
+        )
+    return (
+        f"Not {c} per execution, because closed-loop clients travel in groups: the requests "
+        "answered together come back together, and one group waits in the queue while another "
+        "runs."
+    )
+
+
+def _batching_takeaway(
+    c: int, gain: Ratio, bar: float, rate_on: float, rate_off: float, batch: float
+) -> str:
+    if gain.value >= bar:
+        return (
+            f"Dynamic batching served {gain.value:.1f} times as many requests per second with "
+            f"{c} clients ({rate_on:.1f} against {rate_off:.1f}) by running {batch:.1f} requests "
+            "per execution."
+        )
+    if gain.value > 1 / bar:
+        return (
+            f"With {c} clients, dynamic batching's {rate_on:.1f} against {rate_off:.1f} "
+            "requests per second is within this host's noise."
+        )
+    return (
+        f"With {c} clients, dynamic batching served fewer requests per second ({rate_on:.1f} "
+        f"against {rate_off:.1f})."
+    )
+
+
+def _tutorial() -> str:
+    """The tutorial's figures in one sentence (the table has them beside this run's)."""
+    off_rate = TUTORIAL_OFF[1]
     top, top_rate = max(TUTORIAL_ON.items())
-    said = (
-        f"The tutorial ({TUTORIAL_HARDWARE}) measured {off_rate:.1f} infer/s without batching at "
-        f"concurrency {off_level} and {measured}; at {top}, {top_rate:.1f} infer/s, "
-        f"{Ratio(top_rate / off_rate, 'infer/s')} over its unbatched figure, which it calls "
-        '"nearly triple".'
+    return (
+        f"The tutorial ({TUTORIAL_HARDWARE}) went from {off_rate:.1f} requests/s without "
+        f"batching at 1 client to {TUTORIAL_ON[8]:.1f} with it at 8 and {top_rate:.1f} at {top}, "
+        'its "nearly triple": a GPU gains for the same reason, one pass over the weights serves '
+        "the whole batch."
     )
-    if gain.value >= GAIN:
-        verdict = f"Here too, at {c}, batching multiplied throughput ({gain})."
-    elif gain.value > 1 / GAIN:
-        verdict = (
-            f"Here, at {c}, batching gave {gain}, within x{GAIN:.2f} either way of no change: "
-            "a tie, not the tutorial's gain."
+
+
+def _tutorial_rows() -> list[dict]:
+    rows = (("batching off, 1 client", TUTORIAL_OFF[1]), ("batching on, 8 clients", TUTORIAL_ON[8]))
+    return [
+        {
+            "measured": f"{TUTORIAL_ROW}, {setting}",
+            "requests/s": _cell(rate, 2),
+            "requests per execution": NONE,
+            "queue wait (ms)": NONE,
+            "p50 latency (ms)": NONE,
+        }
+        for setting, rate in rows
+    ]
+
+
+def _delay(
+    arrivals: pd.DataFrame, every_s: float | None, delay_us: int | None
+) -> tuple[str, list[str], dict, list[dict]]:
+    """The queue delay's words, takeaway lines, figures and table rows."""
+    by = {s: arrivals[arrivals["setting"] == s] for s in (NO_DELAY, DELAY)}
+    alone = arrivals[arrivals["setting"] == LONE]
+    lone = alone.mean(numeric_only=True) if not alone.empty else None
+    if any(frame.empty for frame in by.values()):
+        raise ConfigError(
+            f"the arrivals need rows of both settings, {NO_DELAY!r} and {DELAY!r} (delay_rounds)"
+        )
+    mean = {s: frame.mean(numeric_only=True) for s, frame in by.items()}
+    batches = {s: list(frame["batch"]) for s, frame in by.items()}
+    per_request = {s: list(frame["model_ms_per_request"]) for s, frame in by.items()}
+    bigger = verdict(batches[DELAY], batches[NO_DELAY])
+    cheaper = -verdict(per_request[DELAY], per_request[NO_DELAY], floor=GAIN)
+    wait = mean[DELAY]["queue_ms"] - mean[NO_DELAY]["queue_ms"]
+    delay = f"{delay_us / 1e6:.1f} s " if delay_us else ""
+    pace = f"one every {every_s:.1f} s" if every_s else "paced"
+    figures: dict = {
+        "requests_per_execution_with_queue_delay": round(float(mean[DELAY]["batch"]), 2),
+        "queue_wait_with_delay_ms": round(float(mean[DELAY]["queue_ms"])),
+    }
+    rounds = len(by[DELAY])
+    if bigger > 0:
+        bought = (
+            f"made batches of {mean[DELAY]['batch']:.1f} requests instead of "
+            f"{mean[NO_DELAY]['batch']:.1f}"
         )
     else:
-        verdict = (
-            f"Here, at {c}, batching lowered throughput ({gain}): the opposite of the tutorial's "
-            "result."
+        bought = (
+            f"made batches of {mean[DELAY]['batch']:.1f} requests against "
+            f"{mean[NO_DELAY]['batch']:.1f} without it, within the spread of its {rounds} rounds"
         )
-    return f"{said} {verdict}"
+    model_time = (
+        f"{mean[NO_DELAY]['model_ms_per_request']:.0f} to "
+        f"{mean[DELAY]['model_ms_per_request']:.0f} ms"
+    )
+    saved = {
+        1: f", which cut the model's time per request from {model_time}",
+        0: f"; the model's time per request ({model_time}) changed within the rounds' spread",
+        -1: f", yet the model's time per request rose from {model_time}",
+    }[cheaper]
+    figures["model_time_per_request_with_delay"] = Ratio.between(
+        mean[DELAY]["model_ms_per_request"],
+        mean[NO_DELAY]["model_ms_per_request"],
+        "model time per request",
+    )
+    words = (
+        f"With requests arriving one at a time ({pace}), the {delay}queue delay {bought}"
+        f"{saved}; the price was {wait / 1000:.1f} s more waiting in the queue per request "
+        f"(p50 latency {mean[NO_DELAY]['p50_ms'] / 1000:.1f} s without the delay, "
+        f"{mean[DELAY]['p50_ms'] / 1000:.1f} s with it, over {rounds} alternating rounds each)."
+    )
+    rows = [
+        _arrival_row(f"batching on, arrivals {pace}", mean[NO_DELAY]),
+        _arrival_row(f"{delay}delay, arrivals {pace}", mean[DELAY]),
+    ]
+    if bigger > 0:
+        line = [
+            f"A queue delay pays only when requests arrive apart: here it made batches of "
+            f"{mean[DELAY]['batch']:.1f} instead of {mean[NO_DELAY]['batch']:.1f}, at "
+            f"{wait / 1000:.1f} s more waiting per request."
+        ]
+    else:
+        line = [
+            f"A queue delay bought no bigger batches here ({mean[DELAY]['batch']:.1f} against "
+            f"{mean[NO_DELAY]['batch']:.1f}), only {wait / 1000:.1f} s more waiting per request."
+        ]
+    if lone is not None:
+        figures["lone_client_queue_wait_ms"] = round(float(lone["queue_ms"]))
+        rows.append(_arrival_row(f"{delay}delay, 1 client", lone))
+        words += (
+            f" A lone client gains nothing from it: each of its requests waited "
+            f"{lone['queue_ms'] / 1000:.1f} s in the queue, the whole delay, for company that "
+            f"never came, and ran in batches of {lone['batch']:.1f}."
+        )
+        line.append(
+            f"At low load it is pure cost: one client waited {lone['queue_ms'] / 1000:.1f} s "
+            "in the queue on every request."
+        )
+    return words, line, figures, rows
+
+
+def _arrival_row(measured: str, row) -> dict:
+    return {
+        "measured": measured,
+        "requests/s": _cell(float(row["requests"]) / float(row["seconds"]), 2),
+        "requests per execution": _cell(row["batch"], 2),
+        "queue wait (ms)": _cell(row["queue_ms"]),
+        "p50 latency (ms)": _cell(row["p50_ms"]),
+    }
