@@ -47,8 +47,12 @@ def test_a_small_profile_run_measures_several_configurations(profiled):
     assert not result.configs["sleepy_config_default"]["dynamic_batching"]
     assert any(c["dynamic_batching"] for c in result.configs.values())
     table = analyzer.summary(result)
-    assert list(table["throughput"]) == sorted(table["throughput"], reverse=True)
-    assert {"max_batch_size", "dynamic_batching", "instances", "p99_ms"} <= set(table)
+    assert list(table["rank"]) == sorted(table["rank"])  # Model Analyzer's order, winner first
+    assert {"change from the default", "instances", "max batch size", "p99 latency (ms)"} <= set(
+        table
+    )
+    # perf_analyzer's own output gave each measurement its requests per execution
+    assert (analyzer.ranked(result)["avg_batch_size"] >= 1).all()
     assert any(p.name == "result_summary.html" for p in result.reports)
     assert len(plots.throughput_vs_latency(frame).data) == frame["config"].nunique()
     assert analyzer.leftover_servers(root / "run") == []
@@ -63,7 +67,7 @@ def test_a_small_profile_run_measures_several_configurations(profiled):
 def test_the_winner_is_applied_live(profiled, start_server, tmp_path):
     _, result = profiled
     winner = analyzer.best_config(result)
-    assert winner == result.inference.loc[result.inference["throughput"].idxmax(), "config"]
+    assert winner == analyzer.ranked(result)["config"].iloc[0]  # the one its report names
     write_sleepy_model(tmp_path / "served", "sleepy", sleep_ms=10, batching=False)
     server = start_server(tmp_path / "served")
     analyzer.apply_config(result, winner, server, "sleepy")
@@ -178,3 +182,27 @@ def test_the_search_gives_perf_analyzer_its_stability_rule(tmp_path, stability, 
     flags = written["perf_analyzer_flags"]
     assert (flags["stability-percentage"], flags["max-trials"]) == given
     assert flags["measurement-mode"] == "count_windows"
+
+
+@pytest.mark.integration  # writing the config locates perf_analyzer (it runs --version)
+def test_the_search_sends_the_whole_prompt_as_input_data(tmp_path):
+    """Model Analyzer cuts its perf_analyzer flags at spaces: ``string-data: Where is the
+    nearest`` reached perf_analyzer as ``--string-data Where``. A JSON file carries it whole."""
+    import json
+
+    import yaml
+
+    write_sleepy_model(tmp_path / "repo", "sleepy", sleep_ms=10, batching=False)
+    settings = analyzer.AnalyzerSettings(
+        models=["sleepy"], string_data="Where is the nearest", cpu_only=True
+    )
+    written = yaml.safe_load(
+        analyzer.write_config(tmp_path / "repo", tmp_path / "run", settings).read_text()
+    )
+    flags = written["perf_analyzer_flags"]
+    assert "string-data" not in flags
+    data = json.loads((tmp_path / "run" / "input-data.json").read_text())
+    assert data == {"data": [{"text_input": ["Where is the nearest"]}]}
+    assert flags["input-data"] == str(tmp_path / "run" / "input-data.json")
+    with pytest.raises(ConfigError, match="without them"):
+        analyzer.write_config(tmp_path / "repo", tmp_path / "a run", settings)

@@ -6,7 +6,7 @@ sentences a learner reads, computed from those figures. A difference within the 
 called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
 """
 
-from labkit.lessons.analyzer import confirm_winner
+from labkit.lessons.analyzer import confirm_winner, search_findings
 from labkit.lessons.batching import batching_conclusion
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, noise_band
 from labkit.lessons.inflight import inflight_conclusion
@@ -33,5 +33,6 @@ __all__ = [
     "predict_instances",
     "scale_out_conclusion",
     "search_conclusion",
+    "search_findings",
     "setup_takeaway",
 ]

@@ -11,6 +11,7 @@ wrapper) are sent SIGTERM when Model Analyzer dies, so a killed kernel leaves no
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -26,11 +27,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 from tqdm.auto import tqdm
+from tritonclient.grpc import model_config_pb2
 
 from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
 from labkit.proc import free_ports, kill_group, spawn, tail
-from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer
+from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer, perf_analyzer
 from labkit.repository import read_config
 from labkit.server import locate_tritonserver, reload
 
@@ -186,8 +188,9 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
             else {"stability-percentage": s.stability_percentage, "max-trials": s.max_trials}
         ),
     }
-    if s.string_data is not None:
-        flags["string-data"] = s.string_data
+    data = _input_data(repository, run_dir, s)
+    if data:
+        flags["input-data"] = str(data)
     if len(s.shapes) > 1:
         raise ConfigError(
             f"Model Analyzer takes one --shape here, got {len(s.shapes)}: {s.shapes}; pass the "
@@ -234,6 +237,38 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
     (run_dir / "analysis").mkdir(parents=True, exist_ok=True)
     path = run_dir / "model-analyzer.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _input_data(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettings) -> Path | None:
+    """``run_dir/input-data.json``: ``s.string_data`` in every string input of the models.
+
+    Model Analyzer splits its perf_analyzer flags at spaces (``str.split``), so
+    ``string-data: Where is the nearest`` reached perf_analyzer as ``--string-data Where`` and
+    three stray words: the search's requests carried "Where" while a re-measurement sent the
+    whole prompt. A JSON file (perf_analyzer's ``--input-data``) carries it whole.
+    """
+    if s.string_data is None:
+        return None
+    names = sorted(
+        {
+            tensor.name
+            for model in s.models
+            if (Path(repository) / model / "config.pbtxt").is_file()
+            for tensor in read_config(Path(repository) / model / "config.pbtxt").input
+            if tensor.data_type == model_config_pb2.TYPE_STRING
+        }
+    )
+    if not names:
+        return None
+    path = run_dir / "input-data.json"
+    if any(c.isspace() or c == "=" for c in str(path)):
+        raise ConfigError(
+            f"Model Analyzer cuts its perf_analyzer flags at spaces and '=', so the run folder "
+            f"{str(run_dir)!r} cannot hold its input data; choose a run folder without them"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"data": [{name: [s.string_data] for name in names}]}))
     return path
 
 
@@ -352,7 +387,14 @@ def leftover_servers(run_dir: str | os.PathLike) -> list[int]:
 
 
 def load_results(run_dir: str | os.PathLike) -> AnalyzerResult:
-    """Read the CSVs of a finished run (``analysis/results``) and its model variants' configs."""
+    """Read the CSVs of a finished run (``analysis/results``) and its model variants' configs.
+
+    ``inference`` keeps Model Analyzer's own ranking as ``rank`` (1: the configuration its report
+    names): it writes its results best first, and the CSV's throughput has one decimal, so two
+    configurations can tie there that it told apart. Where its perf_analyzer log reads back, each
+    row also gets that measurement's exact ``throughput`` and ``avg_batch_size`` (requests per
+    execution: the server's inference count over its execution count).
+    """
     run_dir = Path(run_dir)
     export = run_dir / "analysis"
     results = export / "results"
@@ -362,15 +404,65 @@ def load_results(run_dir: str | os.PathLike) -> AnalyzerResult:
             f"Model Analyzer left no {inference_csv}; see {run_dir / 'model-analyzer.log'}"
         )
     inference = pd.read_csv(inference_csv).rename(columns=_COLUMNS)
+    order = inference.drop_duplicates("config")["config"].tolist()
+    inference["rank"] = inference["config"].map({c: i for i, c in enumerate(order, 1)})
     configs = _variant_configs(run_dir / "output_model_repository")
     for key in ("dynamic_batching", "instances"):
         inference[key] = inference["config"].map(lambda c, k=key: configs.get(c, {}).get(k))
+    inference = _with_search_log(inference, run_dir)
     optional = {}
     for name, stem in (("gpu", "metrics-model-gpu"), ("server", "metrics-server-only")):
         path = results / f"{stem}.csv"
         optional[name] = pd.read_csv(path) if path.is_file() and path.stat().st_size else None
     inference = inference.sort_values(["config", "concurrency"], ignore_index=True)
     return AnalyzerResult(run_dir, export, inference, optional["gpu"], optional["server"], configs)
+
+
+def _with_search_log(inference: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """``inference`` with each measurement's exact throughput and requests per execution, read
+    from perf_analyzer's own output (``perf_analyzer.log``), when that log matches the CSV."""
+    measured = search_log(run_dir)
+    frame = inference.assign(avg_batch_size=float("nan"))
+    for i, row in frame.iterrows():
+        found = measured.get((row["config"], int(row["concurrency"])))
+        # the log's figure must round to the CSV's: a measurement repeated or skipped breaks
+        # the pairing, and then the CSV's one decimal is all there is
+        if found and abs(found["throughput"] - row["throughput"]) <= 0.051:
+            frame.loc[i, ["throughput", "avg_batch_size"]] = [
+                found["throughput"],
+                found["avg_batch_size"],
+            ]
+    return frame
+
+
+def search_log(run_dir: str | os.PathLike) -> dict[tuple[str, int], dict]:
+    """``(configuration, concurrency) -> {throughput, avg_batch_size}`` from perf_analyzer's
+    output during the search, paired in order with Model Analyzer's "Profiling" lines; empty
+    when the two do not pair one to one."""
+    run_dir = Path(run_dir)
+    ma_log, perf_log = run_dir / "model-analyzer.log", run_dir / "perf_analyzer.log"
+    if not ma_log.is_file() or not perf_log.is_file():
+        return {}
+    profiled = re.findall(r"Profiling (\S+): concurrency=(\d+)", ma_log.read_text(errors="replace"))
+    runs = perf_log.read_text(errors="replace").split("Perf Analyzer Launched")[1:]
+    if len(profiled) != len(runs):
+        return {}
+    out = {}
+    for (config, level), text in zip(profiled, runs, strict=True):
+        throughput = re.search(r"Throughput: ([\d.]+) infer/sec", text)
+        inferences = re.search(r"Inference count: (\d+)", text)
+        executions = re.search(r"Execution count: (\d+)", text)
+        if throughput:
+            batch = (
+                int(inferences.group(1)) / int(executions.group(1))
+                if inferences and executions and int(executions.group(1))
+                else float("nan")
+            )
+            out[(config, int(level))] = {
+                "throughput": float(throughput.group(1)),
+                "avg_batch_size": batch,
+            }
+    return out
 
 
 def _variant_configs(folder: Path) -> dict[str, dict]:
@@ -386,50 +478,139 @@ def _variant_configs(folder: Path) -> dict[str, dict]:
     return out
 
 
-def summary(result: AnalyzerResult) -> pd.DataFrame:
-    """The tutorial's table: per configuration, its best-throughput measurement."""
+def default_config(result: AnalyzerResult) -> str:
+    """The name of the search's default configuration (the model's own, ``<model>_config_default``)."""
+    found = [name for name in result.configs if name.endswith("_config_default")]
+    if not found:
+        raise ConfigError(
+            f"the search measured no default configuration; measured: {', '.join(result.configs)}"
+        )
+    return found[0]
+
+
+def change_from_default(result: AnalyzerResult, variant: str) -> str:
+    """What ``variant`` changes from the default, in words: ``max batch size 8 -> 4``,
+    ``2 instances``, or ``none`` for the default itself or a variant with its settings."""
+    default = result.configs[default_config(result)]
+    mine = result.configs[variant]
+    changes = []
+    if mine["max_batch_size"] != default["max_batch_size"]:
+        changes.append(f"max batch size {default['max_batch_size']} -> {mine['max_batch_size']}")
+    if mine["dynamic_batching"] != default["dynamic_batching"]:
+        changes.append("dynamic batching " + ("on" if mine["dynamic_batching"] else "off"))
+    if mine["instances"] != default["instances"]:
+        changes.append(f"{mine['instances']} instances")
+    return ", ".join(changes) or "none"
+
+
+def ranked(result: AnalyzerResult) -> pd.DataFrame:
+    """One row per configuration, at its best-throughput measurement, in Model Analyzer's own
+    order: its winner first. Machine columns (``config``, ``rank``, ``throughput``, ...) for the
+    lessons; :func:`summary` is the same table in a learner's words."""
     frame = result.inference
-    best = frame.loc[frame.groupby("config")["throughput"].idxmax()]
-    columns = [
-        "config",
-        "max_batch_size",
-        "dynamic_batching",
-        "instances",
-        "concurrency",
-        "p99_ms",
-        "throughput",
-        "gpu_memory_mb",
-        "gpu_utilization",
-    ]
+    best = frame.loc[frame.groupby("config")["throughput"].idxmax()].copy()
+    best["max_batch_size"] = best["config"].map(lambda c: result.configs[c]["max_batch_size"])
+    best["change"] = best["config"].map(lambda c: change_from_default(result, c))
+    best["is_default"] = best["config"] == default_config(result)
+    return best.sort_values("rank", ignore_index=True)
+
+
+#: :func:`summary`'s columns: machine name -> what a learner reads.
+SUMMARY_COLUMNS = {
+    "rank": "rank",
+    "config": "configuration",
+    "change": "change from the default",
+    "instances": "instances",
+    "max_batch_size": "max batch size",
+    "concurrency": "clients",
+    "throughput": "infer/s",
+    "p99_ms": "p99 latency (ms)",
+    "avg_batch_size": "requests per execution",
+    "gpu_memory_mb": "GPU memory (MB)",
+    "gpu_utilization": "GPU utilization",
+}
+
+
+def summary(result: AnalyzerResult) -> pd.DataFrame:
+    """The tutorial's table, in Model Analyzer's order (its winner first): per configuration,
+    its best-throughput measurement, with what it changes from the default."""
+    table = ranked(result)
     # cpu_memory_mb is left out: on a CPU host Model Analyzer reads the tritonserver process
     # alone (37 MB), not the Python stubs that hold the model, so it would mislead.
-    table = best[[c for c in columns if c in best]].copy()
     if not table.get("gpu_memory_mb", pd.Series(dtype=float)).fillna(0).any():
         table = table.drop(columns=["gpu_memory_mb", "gpu_utilization"], errors="ignore")
-    return table.sort_values("throughput", ascending=False, ignore_index=True)
+    for column, digits in (("throughput", 2), ("p99_ms", 0), ("avg_batch_size", 1)):
+        table[column] = table[column].map(lambda v, d=digits: f"{v:.{d}f}" if v == v else "")
+    columns = [c for c in SUMMARY_COLUMNS if c in table]
+    return table[columns].rename(columns=SUMMARY_COLUMNS)
 
 
 def best_config(result: AnalyzerResult, p99_budget_ms: float | None = None) -> str:
-    """The variant with the highest throughput (within ``p99_budget_ms`` when given)."""
+    """Model Analyzer's winner: the configuration its report names (first in its ranking).
+
+    With ``p99_budget_ms``, the highest throughput among measurements within that p99 latency.
+    """
     frame = result.inference
-    if p99_budget_ms is not None:
-        frame = frame[frame["p99_ms"] <= p99_budget_ms]
-        if frame.empty:
-            raise ConfigError(
-                f"no measured configuration has p99 latency <= {p99_budget_ms:g} ms (lowest: "
-                f"{result.inference['p99_ms'].min():.1f} ms); raise the budget or pass None"
-            )
+    if p99_budget_ms is None:
+        return str(frame.loc[frame["rank"].idxmin(), "config"])
+    frame = frame[frame["p99_ms"] <= p99_budget_ms]
+    if frame.empty:
+        raise ConfigError(
+            f"no measured configuration has p99 latency <= {p99_budget_ms:g} ms (lowest: "
+            f"{result.inference['p99_ms'].min():.1f} ms); raise the budget or pass None"
+        )
     return str(frame.loc[frame["throughput"].idxmax(), "config"])
 
 
-def instance_counts(result: AnalyzerResult, variant: str) -> tuple[int, int]:
-    """The instance counts of the search's default configuration and of ``variant``."""
-    if variant not in result.configs:
-        raise ConfigError(
-            f"unknown configuration {variant!r}; measured: {', '.join(result.configs)}"
-        )
-    default = [v for n, v in result.configs.items() if n.endswith("_config_default")]
-    return (default[0]["instances"] if default else 1), result.configs[variant]["instances"]
+def contenders(result: AnalyzerResult, winner: str) -> list[str]:
+    """What to measure again: the default, ``winner``, and the best-ranked configuration whose
+    instance count differs from the winner's (the search's other answer to *do more instances
+    help?*), each once, in that order."""
+    table = ranked(result)
+    chosen = [default_config(result), winner]
+    others = table[table["instances"] != result.configs[winner]["instances"]]
+    if not others.empty:
+        chosen.append(str(others.iloc[0]["config"]))
+    return list(dict.fromkeys(chosen))
+
+
+def serve_contenders(result: AnalyzerResult, repository, model: str, variants: list[str]) -> dict:
+    """Each of ``variants`` as a model of ``repository`` beside ``model``: ``{variant: served
+    name}``. The default is ``model`` itself; every other variant is a twin of ``model``'s folder
+    named as Model Analyzer named it, with its configuration, so one server holds them all and
+    they can be measured in turns."""
+    served = {}
+    for variant in variants:
+        if variant == default_config(result):
+            served[variant] = model
+        else:
+            repository.add_twin(model, variant, read_config(result.configs[variant]["path"]))
+            served[variant] = variant
+    return served
+
+
+def measure_rounds(server, served: dict[str, str], *, rounds: int, **options) -> pd.DataFrame:
+    """Every configuration of ``served`` (``{name: served model}``) measured once a round, in
+    turns, the order reversed every other round (A B C, C B A, ...) so that a host that speeds
+    up or slows down during the rounds weighs on all of them alike. ``options`` go to
+    :func:`labkit.profiling.perf_analyzer` (one concurrency level). One row a measurement:
+    ``round``, ``config``, ``throughput``, ``avg_batch_size``, ``compute_infer_ms``, ``p99_ms``."""
+    if rounds < 2:
+        raise ConfigError(f"rounds must be 2 or more, to show the spread of a round, got {rounds}")
+    rows = []
+    names = list(served)
+    for r in range(1, rounds + 1):
+        for name in names if r % 2 else names[::-1]:
+            frame = perf_analyzer(server, served[name], label=f"{name} round {r}", **options)
+            if len(frame) != 1:
+                raise ConfigError(
+                    f"measure_rounds() measures one concurrency level, got {len(frame)}: pass "
+                    "concurrency= one number"
+                )
+            for row in frame.to_dict("records"):
+                rows.append({**row, "config": name, "round": r})
+    keep = ["round", "config", "concurrency", "throughput", "avg_batch_size", "compute_infer_ms"]
+    return pd.DataFrame(rows)[[*keep, "p99_ms"]]
 
 
 def apply_config(result: AnalyzerResult, variant: str, server, model: str) -> str:
