@@ -6,38 +6,43 @@
 - :mod:`.standalone`: vLLM's own OpenAI server on the served model's settings (the reference);
 - :mod:`.gpu`: the vLLM model's GPU configs, ours and Triton's ``vllm`` backend's;
 - :mod:`.inprocess`: the same engine without Triton (the limit), float32 against bfloat16;
-- :mod:`.figures`: ratios, targets and the text table;
-- :mod:`.study`: :func:`run`, the whole study in one call, and its :class:`StudyResult`;
-- :mod:`.charts`: notebook 06's tables and charts.
+- :mod:`.figures`: ratios, targets and the text table (``labkit bench inflight``'s);
+- :mod:`.study`: :func:`run`, the benchmark's whole study in one call, and its :class:`StudyResult`;
+- :mod:`.rounds`: :func:`compare`, notebook 06's comparison: every way up at once, measured in
+  rounds, and its :class:`Comparison`;
+- :mod:`.benchmark`: the benchmark's own measured figure, shipped as data with its provenance;
+- :mod:`.source`: the in-flight engine's code as a learner reads it;
+- :mod:`.charts`: notebook 06's table and charts.
 """
 
-from .charts import (
-    precision_figure,
-    results_frame,
-    schedulers_figure,
-    targets_frame,
-    timeline_figure,
-)
+from . import benchmark
+from .charts import precision_figure, results_frame, rounds_figure, timeline_figure
 from .figures import TARGETS, ratios, targets
 from .gpu import GpuVllm, write_gpu_configs
+from .rounds import CompareSettings, Comparison, compare
 from .schedulers import SCHEDULERS, WORKLOADS, StudySettings, workload, write_scheduler_folders
+from .source import engine_code
 from .study import Headline, StudyResult, run
 
 __all__ = [
     "SCHEDULERS",
     "TARGETS",
     "WORKLOADS",
+    "CompareSettings",
+    "Comparison",
     "GpuVllm",
     "Headline",
     "StudyResult",
     "StudySettings",
+    "benchmark",
+    "compare",
+    "engine_code",
     "precision_figure",
     "ratios",
     "results_frame",
+    "rounds_figure",
     "run",
-    "schedulers_figure",
     "targets",
-    "targets_frame",
     "timeline_figure",
     "workload",
     "write_gpu_configs",

@@ -1,196 +1,145 @@
-"""Notebook 06's tables and charts of a study (pandas and plotly load when one is drawn)."""
+"""Notebook 06's table and charts of a :class:`~labkit.llm_serving.rounds.Comparison` (plotly loads
+when a chart is drawn). Every way keeps one colour in every panel and legend (:data:`COLOURS`)."""
 
 from __future__ import annotations
 
-from labkit.lessons.inflight import way_name
+import statistics
+from typing import TYPE_CHECKING
+
+from labkit.lessons.inflight import results_table, way_name
 from labkit.profiling import request_records
 
-#: The columns a learner reads, in plain words: row key -> header.
-RESULT_COLUMNS = {
-    "output_tokens_per_s": "output tokens/s",
-    "ttft_p50_ms": "TTFT p50 (ms)",
-    "ttft_p99_ms": "TTFT p99 (ms)",
-    "itl_p50_ms": "ITL p50 (ms)",
-    "failed": "failed",
-    "aiperf_cpu_share": "AIPerf CPU share",
+if TYPE_CHECKING:
+    from .rounds import Comparison
+
+#: One colour per way of serving, in every chart.
+COLOURS = {
+    "none": "#8c8c8c",
+    "dynamic": "#8c564b",
+    "inflight": "#76b900",
+    "vllm": "#1f77b4",
+    "vllm-standalone": "#ff7f0e",
+    "vllm_bf16": "#9467bd",
+    "vllm_bf16-standalone": "#d62728",
 }
+#: The dots of single rounds and first tokens: not a way, so not a way's colour.
+MARK = "#222222"
 
 
-def results_frame(rows: list[dict]):
-    """The measured rows as a table a learner reads: one line per way of serving, workload and
-    clients (``4 streaming``), the figures of :data:`RESULT_COLUMNS` under plain headers. The
-    full rows (every percentile, the CPU seconds) stay in ``inflight.json``."""
-    import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
-
-    frame = pd.DataFrame(rows)
-    clients = frame["concurrency"].astype(str) + frame["streaming"].map(
-        {True: " streaming", False: " whole answers"}
-    )
-    return pd.concat(
-        [
-            pd.DataFrame(
-                {
-                    "way": frame["scheduler"].map(way_name),
-                    "workload": frame["workload"],
-                    "clients": clients,
-                }
-            ),
-            frame[list(RESULT_COLUMNS)].rename(columns=RESULT_COLUMNS),
-        ],
-        axis=1,
-    )
+def colour(way: str) -> str:
+    return COLOURS.get(way, "#7f7f7f")
 
 
-#: What each target of :data:`labkit.llm_serving.figures.TARGETS` measures, in plain words.
-TARGET_WORDS = {
-    "inflight_vs_dynamic_output_tokens_per_s": "output tokens/s, in-flight over dynamic batching",
-    "inflight_ttft_p99_vs_dynamic": "TTFT p99, in-flight over dynamic batching",
-    "inflight_ttft_p50_s": "TTFT p50 in seconds, in-flight batching",
-    "inflight_served_vs_limit": "output tokens/s, in-flight served over the engine alone",
-    "failed_requests": "failed requests",
-}
-
-#: The words of a target key's tail: workload and client kind.
-TARGET_PLACES = {
-    "mixed": "mixed lengths",
-    "streaming": "streaming",
-    "nonstreaming": "whole answers",
-}
+def results_frame(comparison: Comparison):
+    """One line per way: the medians of its rounds, each round's tokens/s, failed requests."""
+    return results_table(comparison)
 
 
-def target_label(name: str) -> str:
-    """A target's key in plain words: ``inflight_ttft_p99_vs_dynamic_c4_mixed`` ->
-    ``TTFT p99, in-flight over dynamic batching (4 clients, mixed lengths)``."""
-    for key, words in TARGET_WORDS.items():
-        if name.startswith(key):
-            rest = name.removeprefix(key).strip("_").split("_")
-            where = []
-            if rest[0].startswith("c") and rest[0][1:].isdigit():
-                where.append(f"{rest.pop(0)[1:]} clients")
-            where += [TARGET_PLACES.get(part, part) for part in rest if part]
-            return words + (f" ({', '.join(where)})" if where else "")
-    return name
-
-
-def targets_frame(targets: dict):
-    """The benchmark's targets (:func:`labkit.llm_serving.figures.targets`) next to what was
-    measured, one line each, in plain words."""
-    import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
-
-    met = {True: "yes", False: "no", None: "not measured"}
-    return pd.DataFrame(
-        [
-            {
-                "figure": target_label(name),
-                "target": t["target"],
-                "measured": str(t["measured"]),
-                "met": met[t["met"]],
-            }
-            for name, t in targets.items()
-        ]
-    ).set_index("figure")
-
-
-def timeline_figure(rows: list[dict], title: str | None = None):
-    """One bar per request from when it was sent to its last token, a dot at its first token;
-    one panel per measured row's scheduler (AIPerf's per-request records of each row)."""
+def rounds_figure(comparison: Comparison, title: str | None = None):
+    """Output tokens/s, first token and one step (ITL p50) of each way: a bar at the median of
+    its rounds, a dot per round."""
     import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
     from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
-    records = {row["scheduler"]: request_records(row["artifact_dir"]) for row in rows}
-    fig = make_subplots(
-        rows=len(records), cols=1, shared_xaxes=True, subplot_titles=[way_name(r) for r in records]
-    )
-    for i, (name, frame) in enumerate(records.items(), start=1):
-        fig.add_trace(
-            go.Bar(
-                base=frame["start_s"],
-                x=frame["end_s"] - frame["start_s"],
-                y=frame["request"],
-                orientation="h",
-                name=f"{name}: waiting and generating",
-                marker_color="#8c8c8c" if i < len(records) else "#76b900",
-                showlegend=False,
-            ),
-            row=i,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=frame["first_token_s"],
-                y=frame["request"],
-                mode="markers",
-                marker={"color": "black", "size": 5},
-                name="first token",
-                showlegend=i == 1,
-            ),
-            row=i,
-            col=1,
-        )
-        fig.update_yaxes(title_text="request", autorange="reversed", row=i, col=1)
-    fig.update_xaxes(title_text="seconds since the first request", row=len(records), col=1)
-    fig.update_layout(
-        title=title or "Each request from arrival to its last token (dot: first token)",
-        height=260 * len(records),
-    )
-    return fig
-
-
-def schedulers_figure(rows: list[dict], title: str | None = None):
-    """Output tokens/s, TTFT p50 and p99 and ITL p50 of each scheduler, side by side."""
-    import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
-    from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
-
-    panels = [("output_tokens_per_s", "output tokens/s"), ("ttft_p50_ms", "TTFT p50 (ms)"),
-              ("ttft_p99_ms", "TTFT p99 (ms)"), ("itl_p50_ms", "ITL p50 (ms)")]  # fmt: skip
-    import pandas as pd  # noqa: PLC0415 (tables load when a notebook asks)
-
-    frame = pd.DataFrame(rows)
-    frame = frame.assign(label=frame["workload"] + ", c" + frame["concurrency"].astype(str)
-                         + frame["streaming"].map({True: "", False: " whole"}))  # fmt: skip
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t in panels])
-    colours = {"none": "#8c8c8c", "dynamic": "#1f77b4", "inflight": "#76b900"}
-    for col, (key, _) in enumerate(panels, start=1):
-        for scheduler, part in frame.groupby("scheduler", sort=False):
+    panels = {"output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "first token (ms)",
+              "itl_p50_ms": "one step: ITL (ms)"}  # fmt: skip
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels.values()))
+    for col, key in enumerate(panels, start=1):
+        for way in comparison.ways:
+            values = [r[key] for r in comparison.way_rows(way) if r.get(key) is not None]
+            name = way_name(way)
             fig.add_trace(
-                go.Bar(
-                    x=part["label"],
-                    y=part[key],
-                    name=way_name(scheduler),
-                    showlegend=col == 1,
-                    marker_color=colours.get(scheduler),
-                ),  # fmt: skip
-                row=1,
-                col=col,
-            )
-    fig.update_layout(barmode="group", title=title or "The ways of serving, the same workload")
+                go.Bar(x=[name], y=[statistics.median(values)] if values else [None], name=name,
+                       marker_color=colour(way), legendgroup=way, showlegend=col == 1),
+                row=1, col=col,
+            )  # fmt: skip
+            fig.add_trace(
+                go.Scatter(x=[name] * len(values), y=values, mode="markers", name="one round",
+                           marker={"color": MARK, "size": 6}, legendgroup="round",
+                           showlegend=col == 1 and way == comparison.ways[0]),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.update_xaxes(showticklabels=False)
+    fig.update_layout(
+        title=title or "Each way, the same workload (bar: median of the rounds)",
+        height=420,
+        legend={"orientation": "h", "y": -0.08},
+        margin={"t": 90},
+    )
     return fig
 
 
-def precision_figure(figures: dict, title: str | None = None):
-    """Speed against agreement: tokens/s and greedy answers equal to float32's, per dtype."""
+def timeline_figure(
+    comparison: Comparison,
+    ways: tuple[str, ...] = ("inflight", "vllm"),
+    round_number: int = 1,
+    title: str | None = None,
+):
+    """One bar per request from when it was sent to its last token, a dot at its first token;
+    one panel per way, from one round's AIPerf records."""
     import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
     from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
-    dtypes = ["float32", "bfloat16"]
-    total = figures["compared"]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["output tokens/s (in-process)",
-                        f"greedy answers of {total} equal to ..."])  # fmt: skip
-    fig.add_trace(
-        go.Bar(
-            x=dtypes,
-            y=[figures[d]["output_tokens_per_s"] for d in dtypes],
-            marker_color=["#1f77b4", "#ff7f0e"],
-            showlegend=False,
-        ),  # fmt: skip
-        row=1,
-        col=1,
+    rows = {
+        r["scheduler"]: r
+        for r in comparison.rows
+        if r["round"] == round_number and r["scheduler"] in ways
+    }
+    shown = [w for w in ways if w in rows]
+    fig = make_subplots(
+        rows=len(shown), cols=1, shared_xaxes=True, subplot_titles=[way_name(w) for w in shown]
     )
-    for key, name in (("equal_alone", "the answer alone, same dtype"),
-                      ("equal_float32", "float32's answer alone")):  # fmt: skip
+    for i, way in enumerate(shown, start=1):
+        frame = request_records(rows[way]["artifact_dir"])
         fig.add_trace(
-            go.Bar(x=dtypes, y=[figures[d][key] for d in dtypes], name=name), row=1, col=2
-        )
-    fig.update_yaxes(range=[0, total], row=1, col=2)
-    fig.update_layout(barmode="group", title=title or "Precision: speed against agreement")
+            go.Bar(base=frame["start_s"], x=frame["end_s"] - frame["start_s"], y=frame["request"],
+                   orientation="h", name=way_name(way), marker_color=colour(way)),
+            row=i, col=1,
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=frame["first_token_s"], y=frame["request"], mode="markers",
+                       marker={"color": MARK, "size": 5}, name="first token", showlegend=i == 1),
+            row=i, col=1,
+        )  # fmt: skip
+        fig.update_yaxes(title_text="request", autorange="reversed", row=i, col=1)
+    fig.update_xaxes(title_text="seconds since the round's first request", row=len(shown), col=1)
+    fig.update_layout(
+        title=title or f"Each request from arrival to last token (round {round_number})",
+        height=260 * len(shown) + 60,
+    )
+    return fig
+
+
+def precision_figure(comparison: Comparison, title: str | None = None):
+    """vLLM in float32 and in bfloat16: output tokens/s (a bar at the median, a dot per round)
+    and how many greedy answers equal the float32 answers alone."""
+    import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
+    from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
+
+    ways = [w for w in ("vllm", "vllm_bf16") if w in comparison.ways]
+    total = max((comparison.answers.get(w) or {}).get("compared", 0) for w in ways)
+    names = {"vllm": "float32", "vllm_bf16": "bfloat16"}
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=["output tokens/s", f"answers as float32's (of {total})"]
+    )
+    for way in ways:
+        values = [r["output_tokens_per_s"] for r in comparison.way_rows(way)]
+        fig.add_trace(
+            go.Bar(x=[names[way]], y=[statistics.median(values)], name=way_name(way),
+                   marker_color=colour(way), legendgroup=way),
+            row=1, col=1,
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=[names[way]] * len(values), y=values, mode="markers", name="one round",
+                       marker={"color": MARK, "size": 6}, showlegend=way == ways[0]),
+            row=1, col=1,
+        )  # fmt: skip
+        equal = (comparison.answers.get(way) or {}).get("equal_streaming")
+        fig.add_trace(
+            go.Bar(x=[names[way]], y=[equal], marker_color=colour(way), legendgroup=way,
+                   name=way_name(way), showlegend=False),
+            row=1, col=2,
+        )  # fmt: skip
+    fig.update_yaxes(range=[0, max(total, 1)], row=1, col=2)
+    fig.update_layout(title=title or "vLLM's precision: speed against agreement", height=380)
     return fig

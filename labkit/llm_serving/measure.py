@@ -105,26 +105,36 @@ def row_figures(record: dict) -> dict:
     return row
 
 
-def reference_answers(server, names, workloads, s: StudySettings) -> dict:
+def reference_answers(server, names, workloads, s: StudySettings, *, loaded: bool = False) -> dict:
     """The plain model's answer to each prompt alone (one at a time): what in-flight and vLLM
-    (in float32) must give."""
+    (in float32) must give. The plain model is loaded and unloaded around it, unless ``loaded``
+    (then the caller loaded it, and unloads it)."""
     if not {"inflight", *VLLM_DTYPES} & set(s.schedulers) or not s.answers:
         return {}
     w = workloads.get("mixed") or next(iter(workloads.values()))
     pairs = list(dict.fromkeys(zip(w.prompts, w.max_tokens, strict=True)))[: s.answers]
     model = names["none"][False]
-    server.load_model(model)
+    if not loaded:
+        server.load_model(model)
     try:
         return {
             pair: client.generate(server.http_url, model, pair[0], max_tokens=pair[1]).text
             for pair in pairs
         }
     finally:
-        server.unload_model(model)
+        if not loaded:
+            server.unload_model(model)
 
 
-def served_answers(server, model: str, reference: dict, s: StudySettings) -> dict:
-    """A model's answers under concurrency, streamed and not, against the alone ones."""
+def served_answers(
+    server,
+    model: str,
+    reference: dict,
+    s: StudySettings,
+    kinds: tuple[str, ...] = ("nonstreaming", "streaming"),
+) -> dict:
+    """A model's answers under concurrency against the alone ones, for each of ``kinds``:
+    ``nonstreaming`` (whole answers) and ``streaming``."""
 
     def whole(pair):
         return client.generate(server.http_url, model, pair[0], max_tokens=pair[1]).text
@@ -134,7 +144,8 @@ def served_answers(server, model: str, reference: dict, s: StudySettings) -> dic
         return "".join(pieces)
 
     figures: dict = {"compared": len(reference), "concurrency": s.limit_concurrency}
-    for kind, call in (("nonstreaming", whole), ("streaming", streamed)):
+    calls = {"nonstreaming": whole, "streaming": streamed}
+    for kind, call in ((k, calls[k]) for k in kinds):
         with ThreadPoolExecutor(s.limit_concurrency) as pool:
             got = dict(zip(reference, pool.map(call, reference), strict=True))
         differing = [pair[0] for pair, text in got.items() if text != reference[pair]]
