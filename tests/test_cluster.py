@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -168,8 +171,10 @@ def test_perf_analyzer_measures_through_the_balancer(cluster, protocol, tmp_path
 @pytest.mark.integration
 def test_a_burst_is_counted_request_for_request_in_the_spread(cluster):
     spread = cluster.spread("echo", "hi", requests=6)
-    assert spread["requests"].sum() == 6, spread
+    assert spread["requests sent to it"].sum() == 6, spread
     assert set(spread["replica"]) == {"r0", "r1"}
+    table = cluster.pool_table()  # the notebook's view: words, no snake_case
+    assert not [c for c in table.columns if "_" in c] and len(table) == 2
 
 
 # -- the replicas share the host's cores -------------------------------------------------------
@@ -235,6 +240,14 @@ def test_a_killed_stub_costs_no_request_and_the_replica_rejoins_after_recover(cl
     assert story.index("out of the pool") < story.index("recovered") < story.index("in the pool")
     frame = result.requests
     assert set(frame[frame["done_s"] < 0]["replica"]) == {"r0", "r1"}
+    # What each probe said with the stub dead, on Triton 2.51: both of Triton's own endpoints
+    # 200 while a request is refused; only the check (run as a pod runs it) saw it.
+    dead = result.probes["with its stub dead"]
+    assert dead["Triton's /v2/health/ready"] == dead["Triton's /v2/models/echo/ready"] == "200"
+    assert "is not healthy" in dead["an inference request sent to it directly"]
+    check = "ready_check.py, as a pod's readiness probe runs it"
+    assert dead[check] == "exit 1: echo: 0 of 1 Python stubs alive"
+    assert result.probes.loc[check, "before the kill"] == "exit 0: ready"
 
 
 @pytest.mark.integration
@@ -245,7 +258,7 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     wait_for(lambda: "r0" not in cluster.in_pool(), 10, "r0 leaving the pool")
     row = cluster.pool().set_index("replica").loc["r0"]
     assert row["lb_status"].startswith("DOWN")
-    assert "0 of 1 Python stub processes alive" in row["readiness"]
+    assert "0 of 1 Python stubs alive" in row["readiness"]
     # Triton itself still says ready, and refuses the model: the trap the readiness endpoint sees.
     with urllib.request.urlopen(f"http://{replica.server.http_url}/v2/health/ready") as response:
         assert response.status == 200
@@ -255,6 +268,43 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     assert cluster.recover(0) == ["echo"]
     wait_for(lambda: "r0" in cluster.in_pool(), 30, "r0 rejoining the pool")
     wait_for(lambda: post_infer(cluster.http_url)[1] == "r0", 10, "r0 answering again")
+
+
+@pytest.mark.integration
+def test_loading_another_model_on_a_replica_keeps_it_in_the_pool(cluster):
+    """Triton's /v2/health/ready answers 400 while any model loads: the check asks only for the
+    models the cluster serves, so notebook 07's twins, loaded on r0, do not take it out."""
+    cluster.wait_ready(60)
+    server = cluster.replica(0).server
+    slow = "import time\n" + ECHO.replace(
+        "    def execute(",
+        "    def initialize(self, args):\n        time.sleep(2)\n\n    def execute(",
+    )
+    write_python_model(Path(cluster.model_repository), "slow_twin", slow)
+    missing, health = set(), set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            missing.update({"r0", "r1"} - set(cluster.in_pool()))
+            try:
+                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready") as answer:
+                    health.add(answer.status)
+            except urllib.error.HTTPError as exc:
+                health.add(exc.code)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        server.load_model("slow_twin")
+        server.unload_model("slow_twin")
+    finally:
+        done.set()
+        watcher.join()
+        shutil.rmtree(Path(cluster.model_repository) / "slow_twin", ignore_errors=True)
+    assert 400 in health, health  # the trap was there...
+    assert missing == set(), missing  # ...and the pool did not fall in it
 
 
 # -- nothing is left ---------------------------------------------------------------------------

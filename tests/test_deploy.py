@@ -40,6 +40,7 @@ def test_plain_manifests_pass_kubernetes_validate(tmp_path, accelerator):
     write_manifests(REPOSITORY, tmp_path, DeploySettings(accelerator=accelerator))
     report = validate_manifests(tmp_path)
     assert set(report["kind"]) == {
+        "ConfigMap",
         "Deployment",
         "Service",
         "HorizontalPodAutoscaler",
@@ -100,9 +101,12 @@ def test_the_deployment_probes_health_mounts_shared_memory_and_requests_the_acce
     files = manifests(DeploySettings(accelerator="neuron", requirements=("numpy==1.26.4",)))
     pod = files["deployment.yaml"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    check = ["python3", "/opt/labkit/ready_check.py", "--url=http://127.0.0.1:8000"]
+    assert container["readinessProbe"]["exec"]["command"][:3] == check
+    assert container["livenessProbe"]["exec"]["command"][-1] == "--live"
     assert container["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "ready-check")
+    assert mount == {"name": "ready-check", "mountPath": "/opt/labkit", "readOnly": True}
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert dshm["emptyDir"]["medium"] == "Memory"
@@ -115,6 +119,28 @@ def test_the_deployment_probes_health_mounts_shared_memory_and_requests_the_acce
         "readOnly": True,
     }
     assert container["image"] == triton_image() and container["command"] == ["tritonserver"]
+
+
+def test_the_readiness_probe_is_the_balancers_check_shipped_in_a_config_map(tmp_path):
+    """The pod runs the file labkit's balancer runs on each replica, with the image's python3:
+    not Triton's /v2/health/ready, which stays 200 after a Python stub died."""
+    from labkit.cluster import ready_check
+
+    write_manifests(REPOSITORY, tmp_path, DeploySettings())
+    data = load(tmp_path, "configmap.yaml")["data"]
+    assert data == {"ready_check.py": Path(ready_check.__file__).read_text()}
+    assert "ready_check.py: |" in (tmp_path / "configmap.yaml").read_text()  # readable as written
+    pod = load(tmp_path, "deployment.yaml")["spec"]["template"]["spec"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "ready-check")
+    assert volume["configMap"]["name"] == load(tmp_path, "configmap.yaml")["metadata"]["name"]
+    probes = [pod["containers"][0][p] for p in ("readinessProbe", "livenessProbe")]
+    assert all("/v2/health/ready" not in json.dumps(p) for p in probes)
+    # KServe's kserve-tritonserver runtime serves HTTP on 8080: its probes ask there
+    write_manifests(REPOSITORY, tmp_path / "k", DeploySettings(kserve=True))
+    model = load(tmp_path / "k", "inferenceservice.yaml")["spec"]["predictor"]["model"]
+    assert "--url=http://127.0.0.1:8080" in model["readinessProbe"]["exec"]["command"]
+    assert model["startupProbe"]["httpGet"]["port"] == 8080
+    assert (tmp_path / "k" / "configmap.yaml").is_file()
 
 
 def test_the_ngc_image_installs_the_repository_requirements_before_the_server():

@@ -122,17 +122,17 @@ def test_analyzer_takeaway_gives_the_verdict(winner_runs, said):
 
 
 @pytest.mark.parametrize(
-    ("replicas", "verdict", "last"),
-    [(26.0, "gain", "whatever their edge here"), (28.0, "tie", "2 instances reach as far"),
-     (4.4, "loss", "2 instances reach further")],
+    ("replicas", "verdict", "said"),
+    [(26.0, "gain", "replicas gained more than instances here"),
+     (28.0, "tie", "no difference beyond the noise of these rounds"),
+     (4.4, "loss", "replicas gained less than instances")],
     ids=["gain", "tie", "loss"],
 )  # fmt: skip
-def test_scale_out_takeaway_says_what_replicas_buy(replicas, verdict, last):
+def test_scale_out_takeaway_says_what_replicas_buy(replicas, verdict, said):
     instances = 15.0 if verdict == "gain" else 30.0
-    said = scale_out(one=20.0, instances=instances, replicas=replicas).takeaway
-    assert said[0].startswith("At concurrency 4 on 2 cores")
-    assert said[1].endswith(f"({verdict}).")
-    assert last in said[2] and "failover" in said[2]
+    lines = scale_out(one=20.0, instances=instances, replicas=replicas).takeaway
+    assert lines[0].startswith("On 2 cores, 2 replicas behind HAProxy") and said in lines[0]
+    assert "failover" in lines[2] and sentence_count(lines) == 3
 
 
 def test_the_takeaway_is_kept_for_the_index_and_a_missing_one_is_said(tmp_path):

@@ -1,7 +1,9 @@
 """Replicas of one model repository behind a real load balancer, on this machine.
 
 - :mod:`.balancer`: HAProxy: its configuration (health checks, retries), process, admin socket;
-- :mod:`.health`: a readiness endpoint per replica that also sees a dead Python stub;
+- :mod:`.health`: a readiness endpoint per replica, for HAProxy's health check;
+- :mod:`.ready_check`: the check behind it, every served model ready and every Python stub alive,
+  the same file a pod runs as its readiness probe (``labkit deploy k8s``);
 - :mod:`.pool`: :class:`Cluster`: N :class:`~labkit.server.TritonServer` replicas behind HAProxy,
   a dead one replaced, everything stopped as one;
 - :mod:`.failover`: steady load (:class:`labkit.load.Load`) through the balancer while a replica
@@ -10,7 +12,7 @@
 """
 
 from .balancer import REPLICA_HEADER, Checks, HAProxy, locate_haproxy, render_config
-from .failover import FailoverResult, failover, figure
+from .failover import FailoverResult, failover, failover_table, figure, what_probes_see
 from .pool import FAULTS, SERVERS_ON_HOST, Cluster, Replica, start_cluster
 from .scale import ScaleOut, compare_scale_out
 
@@ -26,8 +28,10 @@ __all__ = [
     "ScaleOut",
     "compare_scale_out",
     "failover",
+    "failover_table",
     "figure",
     "locate_haproxy",
     "render_config",
     "start_cluster",
+    "what_probes_see",
 ]

@@ -10,7 +10,10 @@ status, the replica that answered (HAProxy's ``X-Labkit-Replica`` header) and th
    Python stubs (``fault="stub"``);
 3. the moment HAProxy takes the replica out of the pool (polled on its admin socket);
 4. the repair: for a dead server the cluster's supervisor starts a replacement on the same ports;
-   for a dead stub :func:`labkit.server.recover` restarts the model on the same server;
+   for a dead stub :func:`labkit.server.recover` restarts the model on the same server. Before
+   it, with the stub dead (and once before the kill), what each probe says of the replica
+   (:func:`what_probes_see`): Triton's own endpoints, a request sent to it directly, and
+   ``ready_check.py`` run as a pod's readiness probe runs it;
 5. the moment the replica is back in the pool, and the first request it answers after that;
    HAProxy's own count of the requests it sent the replica while it was out (target 0);
 6. ``settle_s`` more of traffic.
@@ -23,15 +26,21 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from labkit import client, proc
+from labkit.cluster import ready_check
 from labkit.cluster.balancer import REPLICA_HEADER
 from labkit.cluster.pool import FAULTS, Cluster
-from labkit.errors import ConfigError, ServerTimeoutError
+from labkit.errors import ConfigError, InferenceError, ServerTimeoutError, ToolError
 from labkit.load import Load, Outcome
 
 log = logging.getLogger(__name__)
@@ -117,12 +126,20 @@ class PoolWatch:
 @dataclass
 class FailoverResult:
     """The figures of one experiment (``figures``), every request (``requests``, seconds since
-    the kill), the pool's changes and the cluster's events (both seconds since the kill)."""
+    the kill), the pool's changes and the cluster's events (both seconds since the kill); for a
+    dead stub, what each probe said of the replica before the kill and with its stub dead
+    (``probes``, see :func:`what_probes_see`)."""
 
     figures: dict
     requests: pd.DataFrame = field(repr=False)
     pool_changes: pd.DataFrame = field(repr=False)
     events: pd.DataFrame = field(repr=False)
+    probes: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        """What was killed, in a few words: ``tritonserver killed`` or ``stub killed``."""
+        return "tritonserver killed" if self.figures["fault_kind"] == "server" else "stub killed"
 
     def story(self, replica: str) -> list[str]:
         """What the cluster recorded of ``replica`` from its kill on, in the order recorded:
@@ -133,11 +150,100 @@ class FailoverResult:
         return mine[kills[-1] :] if kills else []
 
     def table(self) -> pd.DataFrame:
-        """The figures as a two-column table, for a notebook."""
-        skip = {"failures_by_cause"}
-        rows = [(k, v) for k, v in self.figures.items() if k not in skip]
-        rows += [(f"failed: {cause}", n) for cause, n in self.figures["failures_by_cause"].items()]
-        return pd.DataFrame(rows, columns=["figure", "value"]).set_index("figure")
+        """The figures in words, one column named after the fault (see :func:`failover_table`)."""
+        f = self.figures
+        rows = [
+            ("what was killed", f["fault"]),
+            (f"requests sent, {f['rate_per_s']:g} a second", f["requests"]),
+            ("requests failed", f["failed"]),
+            ("requests sent after the kill", f["sent_after_kill"]),
+            ("requests sent after the kill that failed", f["failed_after_kill"]),
+            ("requests sent between the kill and its leaving the pool", f["sent_until_out_of_pool"]),
+            ("requests HAProxy sent it while it was out (its own count)", f["sent_to_it_while_out"]),
+            ("requests the other replica answered while it was out", f["answered_by_others_while_out"]),
+            ("requests it answered after it rejoined", f["answered_by_it_after_rejoin"]),
+            ("seconds from the kill until it left the pool", f["s_to_leave_pool"]),
+            ("how it was repaired", _REPAIR[f["fault_kind"]]),
+            ("seconds from the kill until it was repaired", f["s_to_repaired"]),
+            ("seconds from the kill until it rejoined the pool", f["s_to_rejoin_pool"]),
+            ("seconds from the kill until its first answer after", f["s_to_first_answer_after_rejoin"]),
+            ("host load average over 1 minute, before and after",
+             f"{f['load_average_before'][0]:.1f} and {f['load_average_after'][0]:.1f} on {f['cpu_count']} cores"),
+        ]  # fmt: skip
+        rows += [(f"failed: {cause}", n) for cause, n in f["failures_by_cause"].items()]
+        frame = pd.DataFrame(rows, columns=["", self.name]).set_index("")
+        frame.index.name = None
+        return frame
+
+    def pool_table(self) -> pd.DataFrame:
+        """HAProxy's view of each replica as it changed, seconds since the kill, in words."""
+        said = self.pool_changes["status"].map(
+            lambda s: "in the pool" if s == "UP" else f"out of the pool ({s})"
+        )
+        return pd.DataFrame(
+            {
+                "fault": self.name,
+                "seconds since the kill": self.pool_changes["t_s"],
+                "replica": self.pool_changes["replica"],
+                "HAProxy's view": said,
+            }
+        )
+
+
+#: What the repair of each fault is, as a learner reads it.
+_REPAIR = {"server": "a new server, same ports", "stub": "its model reloaded (recover)"}
+
+
+def failover_table(*results: FailoverResult) -> pd.DataFrame:
+    """The experiments side by side, one column each, in words."""
+    return pd.concat([r.table() for r in results], axis=1)
+
+
+def what_probes_see(
+    cluster: Cluster,
+    replica: int | str,
+    model: str,
+    prompt: str = "Hi",
+    parameters: dict | None = None,
+) -> dict[str, str]:
+    """What each probe says of one replica now, in words: Triton's ``/v2/health/ready`` and
+    ``/v2/models/<model>/ready``, an inference request sent to it directly (not through the
+    balancer), ``ready_check.py`` run as a pod's readiness probe runs it (a command; its exit
+    status and what it printed), and HAProxy's view of it."""
+    server = cluster.replica(replica).server
+    url = f"http://{server.http_url}"
+
+    def status(path: str) -> str:
+        try:
+            with urllib.request.urlopen(url + path, timeout=5) as response:
+                return str(response.status)
+        except urllib.error.HTTPError as exc:
+            return str(exc.code)
+        except OSError as exc:
+            return f"no answer ({exc})"
+
+    try:
+        batched = client.model_batches(server.http_url, model)
+        client.infer_json(
+            server.http_url, model, prompt, batched=batched, timeout_s=30, **(parameters or {})
+        )
+        request = "answered"
+    except InferenceError as exc:  # "... refused the request (500): Stub process ..."
+        request = re.sub(r"^.*\((\d+)\): ", r"\1 ", str(exc))
+    command = [sys.executable, ready_check.__file__, f"--url={url}", f"--server-pid={server.pid}"]
+    try:
+        ran = proc.run(command, timeout_s=30, check=False)
+        check = f"exit {ran.returncode}: {ran.stdout.strip()}"
+    except ToolError as exc:
+        check = f"did not finish: {exc}"
+    name = cluster.replica(replica).name
+    return {
+        "Triton's /v2/health/ready": status("/v2/health/ready"),
+        f"Triton's /v2/models/{model}/ready": status(f"/v2/models/{model}/ready"),
+        "an inference request sent to it directly": request,
+        "ready_check.py, as a pod's readiness probe runs it": check,
+        "HAProxy's view of it": "in the pool" if name in cluster.in_pool() else "out of the pool",
+    }
 
 
 def _wait(condition, timeout_s: float, what: str) -> float:
@@ -191,11 +297,15 @@ def failover(
             f"a request answered by {name}",
         )
         time.sleep(warmup_s)
+        before = (
+            what_probes_see(cluster, name, model, prompt, parameters) if fault == "stub" else None
+        )
         killed = cluster.kill(name, fault, model if fault == "stub" else None)
         left = _wait(
             lambda: watch.first(name, False, killed), timeout_s, f"{name} leaving the pool"
         )
         if fault == "stub":
+            dead = what_probes_see(cluster, name, model, prompt, parameters)
             cluster.recover(name)
         rejoined = _wait(lambda: watch.first(name, True, left), timeout_s, f"{name} rejoining")
         served = _wait(
@@ -212,6 +322,8 @@ def failover(
     summary = traffic.summary()
     figures = {
         "fault": f"SIGKILL of {name}'s {'tritonserver' if fault == 'server' else 'Python stub'}",
+        "fault_kind": fault,
+        "replica": name,
         "replicas": cluster.size,
         "rate_per_s": rate_per_s,
         "requests": summary["requests"],
@@ -240,8 +352,11 @@ def failover(
     )
     origin = killed - (cluster.started_at or 0.0)
     events = events.assign(t_s=(events["t_s"] - origin).round(3))
+    probes = None
+    if before is not None:
+        probes = pd.DataFrame({"before the kill": before, "with its stub dead": dead})
     log.info("failover %s: %s", fault, figures)
-    return FailoverResult(figures, requests_frame(outcomes, killed), changes, events)
+    return FailoverResult(figures, requests_frame(outcomes, killed), changes, events, probes)
 
 
 def figure(result: FailoverResult, bin_s: float = 0.25):

@@ -1,16 +1,20 @@
-"""A readiness endpoint per replica that also sees a dead Python stub.
+"""A readiness endpoint per replica, for HAProxy's health check.
 
-Triton 2.51 keeps a model READY after its ``triton_python_backend_stub`` died, and
-``/v2/health/ready`` keeps answering 200 while every request to that model is refused with
-``Stub process '<model>_0_0' is not healthy``. A load balancer that checks only Triton's own
-endpoint keeps sending traffic to that replica. So each replica gets a small HTTP endpoint, served
-by a thread of the process that owns the replicas, which answers ``GET /ready`` with 200 only when
-Triton's ``/v2/health/ready`` is 200 **and** every Python stub the replica should run is alive
-(:func:`labkit.server.unhealthy`), and 503 with the reason otherwise. HAProxy checks it.
+Each replica gets a small HTTP endpoint, served by a thread of the process that owns the
+replicas, which answers ``GET /ready`` with 200 when its probe says ready and 503 with the reason
+otherwise. The probe is :meth:`Replica.probe <labkit.cluster.Replica.probe>`: the check of
+:mod:`.ready_check` (every served model's ``/v2/models/<model>/ready``, every Python stub alive),
+the same file a Kubernetes pod runs as its readiness probe.
+
+Why not Triton's own ``/v2/health/ready``: Triton 2.51 keeps a model READY after its
+``triton_python_backend_stub`` died, and that endpoint keeps answering 200 while every request to
+that model is refused with ``Stub process '<model>_0' is not healthy``; and it answers 400 while
+any other model of the server loads or unloads, which would take a replica out of the pool for a
+model it does not serve.
 
 A model-level check (HAProxy sending a real inference request) would also see a dead stub, but it
 costs an inference per check, needs a request per model, and on a large model a check would wait
-behind real traffic; this one reads process state and Triton's repository index.
+behind real traffic; this one reads process state and Triton's metadata.
 """
 
 from __future__ import annotations

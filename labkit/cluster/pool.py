@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import psutil
-from tritonclient.utils import InferenceServerException
 
 from labkit import client
+from labkit.cluster import ready_check
 from labkit.cluster.balancer import (
     Checks,
     HAProxy,
@@ -41,8 +40,8 @@ from labkit.cluster.balancer import (
 )
 from labkit.cluster.health import ReadinessEndpoint
 from labkit.errors import ConfigError, LabkitError, ServerError, ServerTimeoutError
-from labkit.proc import Addresses, free_port, http_ok
-from labkit.server import TritonServer, recover, stubs, unhealthy
+from labkit.proc import Addresses, free_port
+from labkit.server import TritonServer, recover, stubs
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +57,13 @@ SERVERS_ON_HOST = "LABKIT_SERVERS_ON_HOST"
 
 @dataclass
 class Replica:
-    """One replica: its current server (a new object after each replacement) and readiness."""
+    """One replica: its current server (a new object after each replacement) and readiness.
+
+    ``models``: the models its readiness checks (None: every model Triton lists as READY)."""
 
     index: int
     server: TritonServer
+    models: list[str] | None = None
     readiness: ReadinessEndpoint | None = None
     generation: int = 0  # how many times it was replaced
     replacing: bool = False
@@ -73,7 +75,8 @@ class Replica:
         return f"r{self.index}"
 
     def probe(self) -> tuple[bool, str]:
-        """(ready, reason): Triton's readiness and every Python stub alive (see :mod:`.health`)."""
+        """(ready, reason): every model it serves ready, with every Python stub alive: the
+        check a pod's readiness probe runs (:mod:`.ready_check`), unless it is being repaired."""
         server = self.server
         if self.replacing:
             return False, "being replaced"
@@ -81,15 +84,7 @@ class Replica:
             return False, "recover() is restarting its models"
         if not server.running:
             return False, "tritonserver is not running"
-        if not http_ok(f"http://{server.http_url}/v2/health/ready"):
-            return False, "Triton's /v2/health/ready is not 200"
-        try:
-            broken = unhealthy(server)
-        except (LabkitError, InferenceServerException, OSError, psutil.Error) as exc:
-            return False, f"cannot read its models and stubs: {exc}"
-        if broken:
-            return False, "; ".join(f"{model}: {why}" for model, why in broken.items())
-        return True, "ready"
+        return ready_check.check(f"http://{server.http_url}", self.models, server_pid=server.pid)
 
 
 class Cluster(Addresses):
@@ -189,7 +184,9 @@ class Cluster(Addresses):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _LIVE.add(self)
         try:
-            self.replicas = [Replica(i, self._new_server(i)) for i in range(self.size)]
+            named = [self.load_models] if isinstance(self.load_models, str) else self.load_models
+            models = None if "*" in named else list(named)
+            self.replicas = [Replica(i, self._new_server(i), models) for i in range(self.size)]
             for replica in self.replicas:
                 replica.server.start()
             for replica in self.replicas:
@@ -302,6 +299,10 @@ class Cluster(Addresses):
             )
         return pd.DataFrame(rows)
 
+    def pool_table(self) -> pd.DataFrame:
+        """:meth:`pool` in words, for a notebook."""
+        return self.pool().rename(columns=_POOL_WORDS)
+
     def events(self) -> pd.DataFrame:
         """What happened to the cluster, seconds since its start, in the order it was recorded:
         kills, exits, replacements, recoveries, and each replica leaving (``out of the pool``)
@@ -313,6 +314,17 @@ class Cluster(Addresses):
             {"t_s": round(t - start, 3), "who": who, "event": what} for t, who, what in self._events
         ]
         return pd.DataFrame(rows, columns=["t_s", "who", "event"])
+
+    def event_table(self) -> pd.DataFrame:
+        """:meth:`events` in words, for a notebook."""
+        events = self.events()
+        return pd.DataFrame(
+            {
+                "seconds since the cluster started": events["t_s"],
+                "who": events["who"].replace({"lb": "balancer"}),
+                "what happened": events["event"],
+            }
+        )
 
     def infer(self, model: str, prompt: str, **parameters: object) -> str:
         """One prompt through the balancer, as any client of the cluster sends it; the answer.
@@ -330,7 +342,7 @@ class Cluster(Addresses):
 
     def spread(self, model: str, prompt: str, requests: int = 6, **parameters: object):
         """Send ``requests`` prompts through the balancer one after the other; one row per
-        replica: the requests HAProxy sent it during this burst (its counters before and after,
+        replica, in words: the requests HAProxy sent it during this burst (its counters before and after,
         so another client's requests meanwhile would count too)."""
         if requests < 1:
             raise ConfigError(f"requests={requests} must be >= 1")
@@ -341,12 +353,12 @@ class Cluster(Addresses):
         rows = [
             {
                 "replica": name,
-                "lb_status": row.get("status", ""),
-                "requests": int(row.get("stot") or 0) - before.get(name, 0),
+                "HAProxy's state": row.get("status", ""),
+                "requests sent to it": int(row.get("stot") or 0) - before.get(name, 0),
             }
             for name, row in self.balancer.servers().items()
         ]
-        return pd.DataFrame(rows, columns=["replica", "lb_status", "requests"])
+        return pd.DataFrame(rows, columns=["replica", "HAProxy's state", "requests sent to it"])
 
     def when(self, who: str, what: str, after: float = 0.0) -> float | None:
         """The first ``time.monotonic()`` after ``after`` that ``who`` had event ``what``."""
@@ -506,6 +518,19 @@ class Cluster(Addresses):
             self.stop(parallel=False)
         except Exception:  # noqa: BLE001 (interpreter shutdown)
             pass
+
+
+#: :meth:`Cluster.pool`'s columns as a learner reads them.
+_POOL_WORDS = {
+    "http_url": "HTTP address",
+    "pid": "process",
+    "generation": "times replaced",
+    "readiness": "its check says",
+    "lb_status": "HAProxy's state",
+    "lb_check": "HAProxy's last check",
+    "in_flight": "requests in flight",
+    "requests": "requests sent to it",
+}
 
 
 def start_cluster(

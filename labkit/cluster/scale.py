@@ -52,6 +52,9 @@ class ScaleOut:
     cores: int  # the cores the servers may use
     load_average: float  # the host's 1-minute load average after the sweeps
     rounds: pd.DataFrame | None = None  # every round of every configuration (a ``round`` column)
+    #: Linux shares a busy CPU between sessions (autogroup), and each server is a session of its
+    #: own: with other processes competing, N replicas get up to N shares where one server gets one
+    autogroup: bool = False
 
     def threads_in_use(self) -> int:
         """The most torch threads one configuration ran on the host, all instances together."""
@@ -74,11 +77,34 @@ class ScaleOut:
         return float(((by.max() - by.min()) / by.median()).max())
 
     def table(self) -> pd.DataFrame:
-        """Throughput and p99 latency per configuration and concurrency, for a notebook."""
-        frame = pd.concat(self.sweeps())
-        return frame.pivot(
-            index="concurrency", columns="config", values=["throughput", "p99_ms"]
-        ).round(1)
+        """Per configuration and concurrency, in words: its instances and torch threads, its
+        median round's requests per second and p99 latency, and every round's requests per
+        second, in the order measured."""
+        rows = []
+        for frame in self.sweeps():
+            for level in frame.itertuples():
+                config, c = level.config, int(level.concurrency)
+                rounds = (
+                    self.rounds[
+                        (self.rounds["config"] == config) & (self.rounds["concurrency"] == c)
+                    ]
+                    if self.rounds is not None
+                    else frame[frame["concurrency"] == c]
+                )
+                rows.append(
+                    {
+                        "configuration": config,
+                        "concurrency": c,
+                        "instances": self.instance_counts.get(config),
+                        "torch threads each": self.threads.get(config),
+                        "infer/s (median round)": round(float(level.throughput), 1),
+                        "p99 latency (ms)": round(float(level.p99_ms)),
+                        "infer/s in each round": ", ".join(
+                            f"{t:.1f}" for t in rounds["throughput"]
+                        ),
+                    }
+                )
+        return pd.DataFrame(rows)
 
 
 def compare_scale_out(
@@ -146,8 +172,18 @@ def compare_scale_out(
     every = pd.concat([f for frames in measured.values() for f in frames], ignore_index=True)
     return ScaleOut(
         median["one"], median["instances"], median["replicas"], threads, counts,
-        usable_cores(), load, every,
+        usable_cores(), load, every, autogroup(),
     )  # fmt: skip
+
+
+def autogroup(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
+    """Whether this Linux host shares its CPU time between sessions before threads (autogroup
+    scheduling): each ``tritonserver`` runs in a session of its own."""
+    try:
+        with open(path) as f:
+            return f.read().strip() == "1"
+    except OSError:  # not Linux, or a kernel built without it
+        return False
 
 
 def _median_round(frames: list[pd.DataFrame]) -> pd.DataFrame:

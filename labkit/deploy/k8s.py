@@ -5,10 +5,12 @@ What :func:`write_manifests` writes into ``out`` (one resource per file, so each
 - ``pvc.yaml``: the model repository on shared storage (a ReadOnlyMany PersistentVolumeClaim that
   every replica mounts read-only at ``/models``; copy the repository into it with weights
   resolved, ``cp -rL``);
-- plain (default): ``deployment.yaml`` (Triton with liveness on ``/v2/health/live``, readiness and
-  startup on ``/v2/health/ready``, resource requests, node selector and tolerations for the
-  accelerator, the ``/dev/shm`` memory volume the Python backend needs, ``HF_TOKEN`` from a
-  Secret reference), ``service.yaml`` (HTTP, gRPC, metrics), ``hpa.yaml`` (autoscaling/v2 on
+- ``configmap.yaml``: :mod:`labkit.cluster.ready_check`, the check the lab's balancer runs on each
+  replica, as a file the pod mounts at ``/opt/labkit/ready_check.py``;
+- plain (default): ``deployment.yaml`` (Triton with its probes, resource requests, node selector
+  and tolerations for the accelerator, the ``/dev/shm`` memory volume the Python backend needs,
+  ``HF_TOKEN`` from a Secret reference), ``service.yaml`` (HTTP, gRPC, metrics), ``hpa.yaml``
+  (autoscaling/v2 on
   Triton's average queue time per request, a custom pod metric) and beside it
   ``prometheus-adapter-values.yaml`` (the prometheus-adapter rule that computes that metric from
   ``nv_inference_queue_duration_us`` and ``nv_inference_request_success``);
@@ -18,6 +20,14 @@ What :func:`write_manifests` writes into ``out`` (one resource per file, so each
 - ``requirements.txt``: the Python packages the repository's models import, at the versions this
   environment has (what the image must contain; with the NGC image they are installed at start);
 - ``README.md``: how to apply them, and the Secret to create.
+
+The probes: startup on ``/v2/health/ready`` (up to 20 minutes for the models to load); readiness
+runs ``ready_check.py`` (every model's ``/v2/models/<model>/ready`` and every Python stub alive,
+the lab balancer's own check), so a pod whose stub died leaves the Service as a replica leaves the
+lab's pool; liveness runs it with ``--live`` (the server answers and every stub is alive), so the
+kubelet restarts a container whose stub died, since nothing else brings that stub back. Triton's
+``/v2/health/ready`` stays 200 after a stub died: as a readiness probe it would keep that pod in
+the Service while it fails every request to the model.
 
 No secret value is ever written: the token is a ``secretKeyRef`` to ``Secret/<hf_secret>``.
 """
@@ -34,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from labkit.cluster import ready_check
 from labkit.errors import ConfigError, MissingFileError
 from labkit.repository import Repository
 from labkit.settings import NGC_IMAGE, triton_image
@@ -44,6 +55,11 @@ from labkit.settings import NGC_IMAGE, triton_image
 ACCELERATORS = ("cpu", "gpu", "neuron")
 MODEL_DIR = "/models"
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+#: KServe's ``kserve-tritonserver`` runtime starts Triton with ``--http-port=8080``.
+KSERVE_HTTP_PORT = 8080
+#: Where the pod mounts the readiness check (a ConfigMap holding :mod:`labkit.cluster.ready_check`).
+CHECK_DIR = "/opt/labkit"
+CHECK_FILE = "ready_check.py"
 #: The custom pod metric the HPA scales on (microseconds a request waited in Triton's queue).
 QUEUE_METRIC = "triton_queue_us_per_request"
 _RESOURCE = {"gpu": "nvidia.com/gpu", "neuron": "aws.amazon.com/neuron"}
@@ -217,21 +233,39 @@ def _command(s: DeploySettings) -> tuple[list[str], list[str]]:
     return ["tritonserver"], _server_args(s)
 
 
-def _probes() -> dict:
-    def get(path: str, period: int, failures: int) -> dict:
+def _probes(port: int | str = "http", http_port: int = PORTS["http"]) -> dict:
+    """The container's probes; ``port`` is the startup probe's (a port name or number),
+    ``http_port`` the one the check asks Triton on inside the pod."""
+    check = [
+        "python3",
+        f"{CHECK_DIR}/{CHECK_FILE}",
+        f"--url=http://127.0.0.1:{http_port}",
+        "--timeout-s=3",
+    ]
+
+    def run(command: list[str], period: int, failures: int) -> dict:
+        # the check asks Triton up to three times per model: a python3 start and loopback calls
         return {
-            "httpGet": {"path": path, "port": "http"},
+            "exec": {"command": command},
             "periodSeconds": period,
-            "timeoutSeconds": 5,
+            "timeoutSeconds": 10,
             "failureThreshold": failures,
         }
 
     return {
         # Model loads take minutes (weights from shared storage or the hub): the startup probe
-        # allows 20 minutes before liveness and readiness take over.
-        "startupProbe": get("/v2/health/ready", 10, 120),
-        "livenessProbe": get("/v2/health/live", 10, 3),
-        "readinessProbe": get("/v2/health/ready", 5, 3),
+        # allows 20 minutes before liveness and readiness take over. With every model loaded at
+        # start (--model-control-mode=none), /v2/health/ready is right here.
+        "startupProbe": {
+            "httpGet": {"path": "/v2/health/ready", "port": port},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 120,
+        },
+        # A dead stub is never restarted by Triton: the container is, after 3 checks (30 s).
+        "livenessProbe": run([*check, "--live"], 10, 3),
+        # Out of the Service after two failed checks, as a replica leaves the lab's pool.
+        "readinessProbe": run(check, 5, 2),
     }
 
 
@@ -240,6 +274,7 @@ def _volumes(s: DeploySettings, with_repository: bool = True) -> list[dict]:
         # The Python backend moves tensors through /dev/shm; a container's default is 64 MiB.
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
         {"name": "cache", "emptyDir": {}},
+        {"name": "ready-check", "configMap": {"name": _check_name(s), "defaultMode": 0o444}},
     ]
     if with_repository:
         volumes.insert(
@@ -253,7 +288,11 @@ def _volumes(s: DeploySettings, with_repository: bool = True) -> list[dict]:
 
 
 def _mounts(with_repository: bool = True) -> list[dict]:
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "cache", "mountPath": "/cache"}]
+    mounts = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "ready-check", "mountPath": CHECK_DIR, "readOnly": True},
+    ]
     if with_repository:
         mounts.insert(0, {"name": "model-repository", "mountPath": MODEL_DIR, "readOnly": True})
     return mounts
@@ -261,6 +300,21 @@ def _mounts(with_repository: bool = True) -> list[dict]:
 
 def _node_selector(s: DeploySettings) -> dict[str, str]:
     return {**_NODE_SELECTOR[s.accelerator], **s.node_selector}
+
+
+def _check_name(s: DeploySettings) -> str:
+    return f"{s.name}-ready-check"
+
+
+def check_config_map(s: DeploySettings) -> dict:
+    """The ConfigMap that holds the readiness check, :mod:`labkit.cluster.ready_check` (the
+    standard library only: the image's ``python3`` runs it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(s, _check_name(s)),
+        "data": {CHECK_FILE: Path(ready_check.__file__).read_text(encoding="utf-8")},
+    }
 
 
 def persistent_volume_claim(s: DeploySettings) -> dict:
@@ -398,6 +452,7 @@ def inference_service(s: DeploySettings) -> dict:
         "args": ["--model-control-mode=none", "--allow-metrics=true", "--allow-cpu-metrics=true"],
         "env": _env(s),
         "resources": _resources(s),
+        **_probes(KSERVE_HTTP_PORT, KSERVE_HTTP_PORT),
         "volumeMounts": _mounts(with_repository=False),
     }
     if s.uses_ngc_image:  # the runtime's own image (nvcr.io/nvidia/tritonserver), this tag
@@ -430,7 +485,7 @@ def inference_service(s: DeploySettings) -> dict:
 def manifests(s: DeploySettings) -> dict[str, dict]:
     """File name -> resource, for these settings."""
     s.check()
-    files = {"pvc.yaml": persistent_volume_claim(s)}
+    files = {"pvc.yaml": persistent_volume_claim(s), "configmap.yaml": check_config_map(s)}
     if s.kserve:
         files["inferenceservice.yaml"] = inference_service(s)
     else:
@@ -471,16 +526,28 @@ def write_manifests(
     return [*written, values, requirements, readme]
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the ConfigMap's script) as literal blocks, readable as written."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
 def _yaml(resource: dict) -> str:
-    return yaml.safe_dump(resource, sort_keys=False, default_flow_style=False)
+    return yaml.dump(resource, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def _readme(s: DeploySettings, repository: Path) -> str:
     kind = "KServe InferenceService" if s.kserve else "Deployment + Service"
     files = (
-        "pvc.yaml inferenceservice.yaml hpa.yaml"
+        "pvc.yaml configmap.yaml inferenceservice.yaml hpa.yaml"
         if s.kserve
-        else "pvc.yaml deployment.yaml service.yaml hpa.yaml"
+        else "pvc.yaml configmap.yaml deployment.yaml service.yaml hpa.yaml"
     )
     ns = f" -n {s.namespace}" if s.namespace else ""
     return f"""# {s.name}: Triton on Kubernetes ({kind}, {s.accelerator})
@@ -498,7 +565,10 @@ Written by `labkit deploy k8s` from `{repository}`. Nothing here was applied to 
 Image: `{s.image}`. Python packages the models import (`requirements.txt`):
 {", ".join(s.requirements) or "(none)"}.
 
-Triton 2.51 keeps a model READY after its Python stub process died, so `/v2/health/ready`
-stays 200 while that model refuses every request: these probes do not see it (labkit's local
-cluster checks the stubs itself; see labkit.cluster.health).
+Probes: Triton 2.51 keeps a model READY after its Python stub process died, and
+`/v2/health/ready` stays 200 while that model refuses every request. So the readiness probe runs
+`ready_check.py` (`configmap.yaml`, mounted at `{CHECK_DIR}`), the check labkit's local balancer
+runs on each replica: every model's `/v2/models/<model>/ready` and every Python stub alive. The
+liveness probe runs it with `--live`, so a container whose stub died is restarted. From NGC 26.01
+on, `/v2/models/<model>/ready` itself answers not ready after a stub died.
 """

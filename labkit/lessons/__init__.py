@@ -12,7 +12,7 @@ from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, nois
 from labkit.lessons.inflight import inflight_conclusion
 from labkit.lessons.instances import InstancePrediction, predict_instances
 from labkit.lessons.neuron import neuron_conclusion
-from labkit.lessons.scale_out import scale_out_conclusion
+from labkit.lessons.scale_out import scale_out_conclusion, scale_out_prediction, with_failover
 from labkit.lessons.search import search_conclusion
 from labkit.lessons.takeaway import Takeaway, deploy_takeaway, multi_model_takeaway, setup_takeaway
 
@@ -32,7 +32,9 @@ __all__ = [
     "noise_band",
     "predict_instances",
     "scale_out_conclusion",
+    "scale_out_prediction",
     "search_conclusion",
     "search_findings",
     "setup_takeaway",
+    "with_failover",
 ]

@@ -1,28 +1,68 @@
 """Notebook 07's lesson: what replicas on one host buy, next to instances in one server.
 
-Three sweeps of the same model on the same cores (:func:`labkit.cluster.compare_scale_out`): one
-server with one instance, one server with N instances, N replicas behind HAProxy. The words
-compare them at the highest concurrency all three measured; a ratio within :data:`GAIN` either
-way (or within the spread of repeated rounds, where that is wider) is called a tie, within the
-noise.
+The mechanism first (:func:`predict_scale_out`): on a CPU a replica brings no new hardware, so
+two replicas on one host can gain only what two instances in one server gain, the cores that one
+instance leaves idle (:func:`labkit.lessons.predict_instances`, the explanation notebook 04 gives
+too). Then three sweeps of the same model on the same cores
+(:func:`labkit.cluster.compare_scale_out`): one server with one instance, one server with N
+instances, N replicas behind HAProxy. The words compare them at the highest concurrency all three
+measured; a ratio within :data:`GAIN` either way (or within the spread of repeated rounds, where
+that is wider) is a tie, within the noise. The takeaway says what replicas add on one host:
+failover, measured by :func:`labkit.cluster.failover` (:func:`with_failover`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from labkit.errors import ConfigError
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
+from labkit.lessons.instances import InstancePrediction, predict_instances
+from labkit.repository.textgen import thread_budget, usable_cores
+from labkit.server import served_config
 
-#: How a verdict reads after its ratio.
-SAID = {
-    "gain": "more, beyond the noise",
-    "tie": "a tie, within the noise",
-    "loss": "less, beyond the noise",
-}
+
+@dataclass(frozen=True)
+class ScaleOutPrediction:
+    """What ``count`` instances, and ``count`` replicas, should do against one instance."""
+
+    count: int
+    instances: InstancePrediction
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def predict_scale_out(
+    count: int, *, threads: int, cores: int, batch: float = 1.0
+) -> ScaleOutPrediction:
+    """The prediction for ``count`` instances of ``threads`` torch threads each (``batch``
+    requests per execution with one instance) on ``cores`` cores, and for ``count`` replicas."""
+    instances = predict_instances(instances=count, threads=threads, cores=cores, batch=batch)
+    text = (
+        f"{instances.text} Replicas on one host share the same cores, and each replica's "
+        "instance gets the torch threads an instance of one server gets: expect "
+        f"{count} replicas to gain what {count} instances gain, and no more. What a replica adds "
+        "is a server of its own, which can die alone: failover."
+    )
+    return ScaleOutPrediction(count, instances, text)
+
+
+def scale_out_prediction(cluster, model: str, *, concurrency: int = 1) -> ScaleOutPrediction:
+    """:func:`predict_scale_out` for ``model`` as ``cluster`` serves it: a lone instance's torch
+    threads (its ``num_threads`` parameter, else labkit's thread budget), this host's cores, and
+    the requests per execution ``concurrency`` clients give it (1 for a model that does not
+    batch; up to ``max_batch_size`` for one that does)."""
+    config = served_config(cluster.replica(0).server, model)
+    explicit = config.get("parameters", {}).get("num_threads", {}).get("string_value", "")
+    threads = int(explicit) if explicit else thread_budget(1)
+    batch = max(1, min(int(config.get("max_batch_size", 0) or 1), concurrency))
+    return predict_scale_out(cluster.size, threads=threads, cores=usable_cores(), batch=batch)
 
 
 def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
@@ -57,16 +97,22 @@ def scale_out_conclusion(
     load_average: float | None = None,
     rounds: int = 1,
     spread: float = 0.0,
+    batch: float = 1.0,
+    autogroup: bool = False,
 ) -> Conclusion:
-    """One instance, ``count`` instances in one server, ``count`` replicas: what each gained.
+    """One instance, ``count`` instances in one server, ``count`` replicas: what each gained,
+    explained by :func:`predict_scale_out`.
 
     The frames are :func:`labkit.profiling.perf_analyzer` sweeps (their ``config`` column names
-    them; a ``compute_infer_ms`` column, the server's compute per request, explains a gain);
-    ``threads`` maps those names to the torch threads of each instance; ``cores`` is this host's
-    (by default, the cores this process may use); ``load_average`` the host's while measuring.
-    ``rounds`` is how many times each configuration was measured, taken in turns (the sweeps are
-    each one's median round), and ``spread`` the widest spread of one configuration's rounds, as
-    a fraction of its median: a difference within it is a tie.
+    them); ``threads`` maps those names to the torch threads of each instance (the lone
+    instance's make the prediction; 1 when not given); ``cores`` is this host's (by default, the
+    cores this process may use); ``load_average`` the host's while measuring; ``batch`` the
+    requests one instance runs per execution (1: the model does not batch). ``rounds`` is how
+    many times each configuration was measured, taken in turns (the sweeps are each one's median
+    round), and ``spread`` the widest spread of one configuration's rounds, as a fraction of its
+    median: a difference within it is a tie. ``autogroup``: the host shares a busy CPU between
+    sessions first (Linux's autogroup scheduling), and each server is a session: on a busy host
+    N replicas then get up to N shares of the cores where one server gets one.
     """
     sweeps = {"one": one, "instances": instances, "replicas": replicas}
     levels = sorted(
@@ -80,167 +126,193 @@ def scale_out_conclusion(
     names = {key: str(frame["config"].iloc[0]) for key, frame in sweeps.items()}
     rows = [
         {"concurrency": c}
-        | {f"{names[k]} infer/s": _at(f, c, "throughput") for k, f in sweeps.items()}
-        | {f"{names[k]} p99 ms": _at(f, c, "p99_ms") for k, f in sweeps.items()}
+        | {f"{names[k]} (infer/s)": _at(f, c, "throughput") for k, f in sweeps.items()}
+        | {f"{names[k]} p99 (ms)": _at(f, c, "p99_ms") for k, f in sweeps.items()}
         for c in levels
     ]
     table = pd.DataFrame(rows).round(1)
     c = levels[-1]
     speed = {k: _at(f, c, "throughput") for k, f in sweeps.items()}
     p99 = {k: _at(f, c, "p99_ms") for k, f in sweeps.items()}
-    instances_gain = Ratio.between(speed["instances"], speed["one"], "infer/s")
-    replicas_gain = Ratio.between(speed["replicas"], speed["one"], "infer/s")
+    gain = Ratio.between(speed["instances"], speed["one"], "infer/s")
     versus = Ratio.between(speed["replicas"], speed["instances"], "infer/s")
     versus_p99 = Ratio.between(p99["replicas"], p99["instances"], "p99 latency")
+    lone = (threads or {}).get(names["one"], 1)
+    # a busy host that shares its cores by session gives each replica (a session) its own share
+    busy = autogroup and load_average is not None and load_average >= cores
+    shares = f"{load_average:.1f} on {cores} cores" if busy else ""
+    predicted = predict_scale_out(count, threads=lone, cores=cores, batch=batch)
     figures = {
         f"one_instance_infer_s_c{c}": round(speed["one"], 2),
-        f"instances_infer_s_c{c}": round(speed["instances"], 2),
-        f"replicas_infer_s_c{c}": round(speed["replicas"], 2),
-        f"one_instance_p99_ms_c{c}": round(p99["one"], 1),
-        f"instances_p99_ms_c{c}": round(p99["instances"], 1),
-        f"replicas_p99_ms_c{c}": round(p99["replicas"], 1),
-        "instances_vs_one": instances_gain,
-        "replicas_vs_one": replicas_gain,
-        "replicas_vs_instances": versus,
-        "replicas_vs_instances_verdict": verdict(versus, spread),
+        f"{count}_instances_infer_s_c{c}": round(speed["instances"], 2),
+        f"{count}_replicas_infer_s_c{c}": round(speed["replicas"], 2),
+        f"{count}_replicas_against_{count}_instances": versus,
     }
+    measured = (
+        f"each the median of {rounds} rounds taken in turns; one configuration's rounds spread "
+        f"by up to {spread:.0%}, so a ratio counts only beyond x{tie_limit(spread):.2f}"
+        if rounds > 1
+        else f"a ratio counts only beyond x{tie_limit(spread):.2f}"
+    )
     lines = [
-        f"At concurrency {c}, on the same {cores} cores: {names['one']} served "
-        f"{speed['one']:.1f} infer/s (p99 {p99['one']:.0f} ms); {names['instances']} "
-        f"{speed['instances']:.1f} (p99 {p99['instances']:.0f} ms); {names['replicas']} "
-        f"{speed['replicas']:.1f} (p99 {p99['replicas']:.0f} ms)."
+        f"At concurrency {c} on {cores} cores: one instance served {speed['one']:.1f} "
+        f"infer/s, {count} instances in one server {speed['instances']:.1f} and {count} replicas "
+        f"behind HAProxy {speed['replicas']:.1f} ({measured}).",
+        _instances_line(gain, count, predicted.instances, spread, cores, load_average),
+        _replicas_line(versus, versus_p99, count, spread, shares),
     ]
-    if rounds > 1:
-        lines.append(
-            f"Each configuration was measured {rounds} times, the three taken in turns so that a "
-            "busier moment of the host falls on all of them; these are each one's median round. "
-            f"One configuration's rounds spread by up to {spread:.0%} of its median, so a ratio "
-            f"counts only beyond x{tie_limit(spread):.2f} either way."
-        )
-        figures["rounds_spread"] = round(spread, 3)
-    if threads and all(name in threads for name in names.values()):
-        lines.append(_threads_line(names, threads, count, cores))
-    compute = {k: _at(f, c, "compute_infer_ms") if "compute_infer_ms" in f else math.nan
-               for k, f in sweeps.items()}  # fmt: skip
-    one_threads = threads.get(names["one"]) if threads else None
-    lines.append(_instances_line(instances_gain, count, one_threads, cores, compute, spread))
-    lines.append(_replicas_line(versus, versus_p99, count, spread))
-    lines.append(
-        f"Against one server with one instance, the replicas gave {replicas_gain}: "
-        + SAID[verdict(replicas_gain, spread)]
-        + "."
-    )
-    if verdict(versus, spread) == "gain":
-        said = (
-            "Whatever the replicas' edge here, it is not more cores: one host has no more to give."
-        )
-    else:
-        said = f"Whatever the replicas reach here, {count} instances in one server reach too."
-    lines.append(
-        f"{said} So on one host replicas buy failover, not speed: the next experiment kills "
-        "one under load and no request fails. Speed comes from more cores, a second machine "
-        "or one GPU per replica, and there the balancer's throughput approaches the sum of "
-        "the replicas'."
-    )
     if load_average is not None:
-        busy = (
-            "other processes shared the cores, so these figures move from run to run"
-            if load_average > cores
-            else "a quiet host"
+        lines.insert(
+            1, f"The host's load average was {load_average:.1f} on {cores} cores after the rounds."
         )
-        lines.append(f"The host's load average was {load_average:.1f} on {cores} cores: {busy}.")
     caveat = unsettled({names[k]: frame for k, frame in sweeps.items()})
     if caveat:
         lines.append(caveat)
     takeaway = (
-        f"At concurrency {c} on {cores} cores: {names['one']} {speed['one']:.1f} infer/s, "
-        f"{names['instances']} {speed['instances']:.1f}, {names['replicas']} "
-        f"{speed['replicas']:.1f}.",
-        f"{count} instances against one: {instances_gain} ({verdict(instances_gain, spread)}); "
-        f"{count} replicas against {count} instances: {versus} ({verdict(versus, spread)}).",
-        (
-            "One host gives replicas no more cores: whatever their edge here, they buy failover"
-            if verdict(versus, spread) == "gain"
-            else f"On one host replicas buy failover, not speed: {count} instances reach "
-            + ("as far" if verdict(versus, spread) == "tie" else "further")
-        )
-        + "; speed comes from more cores or a second machine.",
+        _speed_sentence(speed, versus, count, cores, spread, shares),
+        _mechanism_sentence(predicted.instances, cores, load_average),
+        "What replicas add on one host is failover; more speed takes more cores, a second "
+        "machine or one GPU per replica.",
     )
     return Conclusion(table, figures, "\n".join(lines), takeaway)
 
 
-def _threads_line(names: dict[str, str], threads: dict[str, int], count: int, cores: int) -> str:
-    per = {k: threads[name] for k, name in names.items()}
-    total = {
-        "one": per["one"],
-        "instances": count * per["instances"],
-        "replicas": count * per["replicas"],
-    }
-    said = (
-        f"Each instance ran {per['one']} torch thread(s) alone, {per['instances']} as one of "
-        f"{count} instances, {per['replicas']} in each replica: {total['one']}, "
-        f"{total['instances']} and {total['replicas']} threads on {cores} cores."
+def with_failover(conclusion: Conclusion, *failovers) -> Conclusion:
+    """The scale-out conclusion with its last takeaway sentence stating what the failover
+    experiments measured: how many requests failed with each fault (``failovers`` are
+    :class:`~labkit.cluster.FailoverResult`, anything with their ``figures``)."""
+    if not failovers:
+        raise ConfigError("with_failover() needs at least one failover experiment's result")
+    failed = sum(f.figures["failed"] for f in failovers)
+    sent = sum(f.figures["requests"] for f in failovers)
+    parts = [
+        "tritonserver" if f.figures["fault_kind"] == "server" else "Python stub" for f in failovers
+    ]
+    killed = parts[0] + "".join(f", then its {part}," for part in parts[1:])
+    last = (
+        f"What replicas add on one host is failover: with a replica's {killed} killed under "
+        f"load, {failed} of {sent} requests failed; more speed takes more cores, a second "
+        "machine or one GPU per replica."
     )
-    if max(total.values()) > cores:
-        return (
-            f"{said} Where threads outnumber the cores they take turns, and torch's spinning "
-            "workers waste the turns: the collapse notebook 04 avoids with one thread per instance."
-        )
-    return (
-        f"{said} labkit gives every instance the cores less one (Triton's threads and the "
-        "clients need one) divided by the instances that share them, replicas' instances "
-        "included, so no configuration asks for more cores than there are."
-    )
+    return replace(conclusion, takeaway=(*conclusion.takeaway[:-1], last))
 
 
 def _instances_line(
     gain: Ratio,
     count: int,
-    one_threads: int | None,
+    predicted: InstancePrediction,
+    spread: float,
     cores: int,
-    compute: dict[str, float],
-    spread: float = 0.0,
+    load_average: float | None,
 ) -> str:
-    said = f"{count} instances in one server gave {gain} over one"
-    if verdict(gain, spread) == "tie":
+    said = f"{count} instances gave {gain} over one"
+    measured = verdict(gain, spread)
+    busy = load_average is not None and load_average >= cores
+    idle = "core" if predicted.busy_many - predicted.busy_one == 1 else "cores"
+    if predicted.expect == "gain":
+        if measured == "gain":
+            return (
+                f"{said}, as predicted: the extra instances' threads put to work the {idle} one "
+                "instance left idle."
+            )
+        where = "within the noise" if measured == "tie" else "less, beyond the noise"
+        why = (
+            f"with a load average of {load_average:.1f} on {cores} cores, other processes "
+            f"were already running on the {idle} one instance leaves idle."
+            if busy
+            else f"the idle {idle} did not turn into requests here; measuring again tells "
+            "whether that was the noise."
+        )
         return (
-            f"{said}: a tie, within the noise (under x{tie_limit(spread):.2f} either way): one instance "
-            "already kept the cores as busy as they get."
+            f"{said}, {where}, where up to x{predicted.busy_many / predicted.busy_one:.0f} was "
+            f"predicted: {why}"
         )
-    if verdict(gain, spread) == "loss":
+    if measured == "gain":
         return (
-            f"{said}: less than one, beyond the noise: sharing the cores cost more than the "
-            "extra instances brought."
+            f"{said}, beyond the noise, where no gain was predicted: measuring again tells "
+            "whether the host's load changed between the rounds."
         )
-    if one_threads is None or one_threads < cores:
-        return f"{said}: the extra instances put to work cores that one instance left idle."
-    per_request = ""
-    if not math.isnan(compute["one"]) and not math.isnan(compute["instances"]):
-        per_request = (
-            f" (the server computed {compute['one']:.0f} ms a request for the one instance, "
-            f"{compute['instances']:.0f} ms for each of the {count})"
-        )
-    return (
-        f"{said}, although one instance's {one_threads} threads already had all {cores} cores: "
-        "the gain is not more cores. One instance computes one request at a time, and its "
-        f"threads wait for each other at every step{per_request}; where other processes take "
-        "the cores in turns, that waiting grows, while single-threaded instances never wait "
-        "for a sibling thread."
+    where = "within the noise" if measured == "tie" else "less, beyond the noise"
+    reason = (
+        "one instance already ran several requests per execution"
+        if predicted.batch >= 1.5
+        else "one instance already kept every core busy"
     )
+    return f"{said}, {where}, as predicted: {reason}."
 
 
-def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float = 0.0) -> str:
+def _replicas_line(
+    versus: Ratio, versus_p99: Ratio, count: int, spread: float, shares: str = ""
+) -> str:
     said = (
-        f"{count} replicas behind HAProxy gave {versus} against {count} instances in one server "
-        f"(p99 {versus_p99})"
+        f"{count} replicas gave {versus} against {count} instances in one server (and {versus_p99})"
+    )
+    gain = (
+        f"{said}: more, beyond the noise, on the same cores. Not from more cores but from a "
+        "bigger share of them: this Linux host shares a busy CPU between sessions first "
+        "(autogroup scheduling), each replica's server is a session of its own, and with other "
+        f"processes competing (load average {shares}) {count} sessions get up to {count} shares "
+        "where one server gets one."
+        if shares
+        else f"{said}: more, beyond the noise, on the same cores. Not from more cores, which "
+        "one host does not have: from what surrounds the model (each replica has its own Triton "
+        "front end and scheduler), or from the host's load changing between rounds."
     )
     return {
-        "gain": f"{said}: more, beyond x{tie_limit(spread):.2f}, on the same cores. Not from more cores: "
-        "from what surrounds the model (each replica has its own Triton front end and "
-        "scheduler, where the instances share one), or from the host's load changing between "
-        "the measurements; measuring again tells which.",
-        "tie": f"{said}: the same, within the noise: on the same cores a replica is an instance "
-        "with a server of its own around it.",
+        "gain": gain,
+        "tie": f"{said}: no difference beyond the noise, as predicted: on the same cores a "
+        "replica is an instance with a server of its own around it.",
         "loss": f"{said}: less, beyond the noise: the same cores did the same work, plus a "
         "second server's threads and the balancer's hop.",
     }[verdict(versus, spread)]
+
+
+def _speed_sentence(
+    speed: dict[str, float], versus: Ratio, count: int, cores: int, spread: float, shares: str = ""
+) -> str:
+    figures = (
+        f"On {cores} cores, {count} replicas behind HAProxy served {speed['replicas']:.1f} "
+        f"infer/s and {count} instances in one server {speed['instances']:.1f}, against "
+        f"{speed['one']:.1f} for one instance"
+    )
+    return (
+        figures
+        + {
+            "gain": f": replicas gained more than instances here ({versus}), "
+            + (
+                "from the bigger share a busy Linux host gives them (one per server's session), "
+                "not from more cores."
+                if shares
+                else "from what surrounds the model, not from more cores."
+            ),
+            "tie": f": {versus} between replicas and instances, no difference beyond the "
+            "noise of these rounds.",
+            "loss": f": replicas gained less than instances ({versus}), paying for a second server "
+            "and the balancer's hop.",
+        }[verdict(versus, spread)]
+    )
+
+
+def _mechanism_sentence(
+    predicted: InstancePrediction, cores: int, load_average: float | None
+) -> str:
+    load = (
+        f" (load average {load_average:.1f} on {cores} cores here)"
+        if load_average is not None
+        else ""
+    )
+    if predicted.expect == "gain":
+        idle = predicted.busy_many - predicted.busy_one
+        cores_word = "core" if idle == 1 else "cores"
+        return (
+            f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
+            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so at most "
+            f"{predicted.busy_many / predicted.busy_one:.0f}x, and less when other processes "
+            f"use {'it' if idle == 1 else 'them'}{load}."
+        )
+    reason = (
+        f"one instance already runs {predicted.batch:.1f} requests per execution"
+        if predicted.busy_many > predicted.busy_one
+        else "one instance already keeps every core busy"
+    )
+    return f"Neither can gain much here: {reason}{load}."
