@@ -97,9 +97,15 @@ def round_ticks(fig, tops: dict[str, float | None] | None = None):
     n = min(INTERVALS, key=waste)
     for axis, top in tops.items():
         step = nice_step(top, n)
-        fig.update_layout(
-            {axis: {"range": [0, step * n], "tick0": 0, "dtick": step, "tickmode": "linear"}}
-        )
+        ticks = {"range": [0, step * n], "tick0": 0, "dtick": step, "tickmode": "linear"}
+        anchor = "y" + axis.removeprefix("yaxis")
+        # the facets' axes that share this one's range share its ticks too
+        shared = [
+            name
+            for name in fig.layout
+            if name.startswith("yaxis") and getattr(fig.layout[name], "matches", None) == anchor
+        ]
+        fig.update_layout({name: ticks for name in (axis, *shared)})
     return fig
 
 

@@ -91,6 +91,7 @@ def test_facets_are_labelled_by_configuration_alone():
     labels = {a.text for a in fig.layout.annotations}
     assert labels == {"batching off", "batching on"}
     assert fig.layout.yaxis.dtick and is_round(fig.layout.yaxis.dtick)
+    assert fig.layout.yaxis2.dtick == fig.layout.yaxis.dtick  # the second panel on the same grid
     parts = {t.name: t.marker.color for t in fig.data}
     assert parts["queue"] == plots.PART_COLOURS["queue"]
 
