@@ -14,17 +14,21 @@ from labkit.errors import ConfigError
 from labkit.lessons.takeaway import sentence_count
 
 
-def search(winner_change="none", winner_batch=8, default_batch=2.4, default_tput=7.6):
-    """:func:`labkit.profiling.analyzer.ranked`'s table of a search: the winner, the default and
-    a configuration with 2 instances, measured once each at 4 clients."""
+def search(winner_change="max batch size 8 -> 4", winner_batch=4, default_tput=7.6, twin=None):
+    """:func:`labkit.profiling.analyzer.ranked`'s table of a search, winner first: ``w`` (by
+    default a max batch size of 4), the default ``d`` (8) and ``two`` (2 instances), measured
+    once each at 4 clients; ``twin``: the throughput of a fourth, with the default's settings."""
     rows = [
         ("w", winner_change, 1, winner_batch, 8.16, 2.5, 330.0, False),
-        ("d", "none", 1, 8, default_tput, default_batch, 340.0, True),
+        ("d", "none", 1, 8, default_tput, 2.4, 340.0, True),
         ("two", "2 instances", 2, 8, 5.9, 1.6, 700.0, False),
     ]
+    if twin is not None:
+        rows.insert(0, ("twin", "none", 1, 8, twin, 2.4, 335.0, False))
     columns = ["config", "change", "instances", "max_batch_size", "throughput"]
     columns += ["avg_batch_size", "compute_infer_ms", "is_default"]
-    return pd.DataFrame(rows, columns=columns).assign(concurrency=4)
+    frame = pd.DataFrame(rows, columns=columns).assign(concurrency=4)
+    return frame.assign(rank=range(1, len(frame) + 1))
 
 
 def in_rounds(per_round: dict[str, list[float]], batch=None, ms=None) -> pd.DataFrame:
@@ -58,7 +62,7 @@ def test_one_round_gives_no_verdict():
         lessons.analyzer.verdict([1.5])
 
 
-def test_a_winner_with_the_defaults_settings_ties_and_two_instances_lose_with_the_reason():
+def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_with_the_reason():
     rounds = in_rounds(
         {"d": [6.0, 5.8, 6.2], "w": [5.9, 6.1, 6.0], "two": [3.8, 3.5, 4.1]},
         batch={"two": 1.6},
@@ -67,50 +71,55 @@ def test_a_winner_with_the_defaults_settings_ties_and_two_instances_lose_with_th
     conclusion = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2)
     said = conclusion.text
     assert (
-        "winner w gave x0.98 infer/s against the default (x0.97 to x1.05 over 3 rounds): a tie"
-        in said
+        "w (max batch size 8 -> 4), Model Analyzer's winner, gave x0.98 infer/s against the "
+        "default (x0.97 to x1.05 over 3 rounds): a tie" in said
     )
-    assert "the default's own settings" in said
-    assert "two (2 instances) gave x0.63 infer/s (x0.60 to x0.66 over 3 rounds): slower in" in said
+    assert "4 clients never send more requests at once than either max batch size allows" in said
+    assert "two (2 instances) gave x0.63 infer/s against the default (x0.60 to x0.66" in said
+    assert "slower in every round" in said
     # the shared explanation of instances, from the default's requests per execution
     assert "keeps 1 of the 2 cores busy" in said and "2.4 requests per execution" in said
     assert "took 700 ms with 2 instances against 340 ms with 1" in said
     assert "shared the cores" in said
     figures = conclusion.figures
-    assert (figures["winner"], figures["winner_verdict"], figures["2_instances_verdict"]) == (
-        "w",
-        "tie",
-        "loss",
-    )
+    assert figures["verdicts"] == {"max batch size 4": "tie", "2 instances": "loss"}
     assert str(figures["2_instances_against_default"]) == "x0.63 infer/s"
+    assert str(figures["max_batch_size_4_against_default"]) == "x0.98 infer/s"
+    assert str(figures["search_noise"]) == "x1.07 infer/s"  # w and d cannot differ here
     assert len(figures) <= 6
-    assert sentence_count(conclusion.takeaway) <= 3
-    assert conclusion.takeaway[1].startswith("Two instances lost (x0.63 infer/s)")
-    assert conclusion.takeaway[2] == (
-        "Model Analyzer measures each configuration once (the default's own settings gave 7.6 "
-        "and 8.2 infer/s in the same search), so measure its winner again beside the default, "
-        "in turns, before you deploy it."
+    assert conclusion.takeaway == (
+        "A max batch size of 4 tied with the default's 8 (x0.97 to x1.05 over 3 rounds): 4 "
+        "clients never exceed either.",
+        "Two instances lost (x0.63 infer/s): one instance already ran 2.4 requests per "
+        "execution, so a second only split its batches on the same cores.",
+        "Model Analyzer named w (max batch size 8 -> 4) from one measurement of each "
+        "configuration (configurations that cannot differ here measured up to x1.07 apart), so "
+        "measure a search's winner again, in turns, before you deploy it.",
     )
+    assert sentence_count(conclusion.takeaway) == 3
     shown = said + conclusion.table.to_string() + " ".join(conclusion.table.columns)
     assert "_vs_" not in shown and "Ratio(" not in shown
+    assert list(conclusion.table["configuration"]) == ["d", "w", "two"]  # the reference first
 
 
-def test_a_winner_that_changes_only_a_max_batch_size_the_clients_never_reach_ties_and_says_so():
-    rounds = in_rounds({"d": [6.0, 5.8], "w": [6.1, 5.7]})
-    conclusion = lessons.confirm_winner(
-        rounds, search("max batch size 8 -> 4", winner_batch=4), "w", threads=1, cores=2
-    )
-    assert "changes only the max batch size (8 -> 4)" in conclusion.text
-    assert "4 clients never send more requests at once than either allows" in conclusion.text
-    assert "tied the default" in conclusion.takeaway[0]
+def test_the_words_follow_the_settings_not_which_configuration_model_analyzer_ranked_first():
+    rounds = in_rounds({"d": [6.0, 5.8], "w": [5.9, 6.1], "two": [3.8, 3.5]})
+    first = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2)
+    # the same measurements, with the search's noise ranking the 2 instances first
+    table = search().set_index("config").loc[["two", "w", "d"]].reset_index()
+    second = lessons.confirm_winner(rounds, table.assign(rank=[1, 2, 3]), "two", threads=1, cores=2)
+    assert first.takeaway[:2] == second.takeaway[:2]
+    assert first.figures["verdicts"] == second.figures["verdicts"]
+    assert second.takeaway[2].startswith("Model Analyzer named two (2 instances)")
+    assert "two (2 instances), Model Analyzer's winner, gave x0.62 infer/s" in second.text
 
 
-def test_a_winner_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():
+def test_a_configuration_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():
     gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.8]}), search(), "w")
-    assert gain.figures["winner_verdict"] == "gain"
+    assert gain.figures["verdicts"] == {"max batch size 4": "gain"}
     assert "faster in every round" in gain.text and "tied" not in gain.takeaway[0]
     tie = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.2]}), search(), "w")
-    assert tie.figures["winner_verdict"] == "tie"
+    assert tie.figures["verdicts"] == {"max batch size 4": "tie"}
 
 
 def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_execution():
@@ -125,34 +134,47 @@ def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_exe
     assert "agrees with the rounds'" in agreed.text
 
 
-def test_a_search_that_kept_the_default_says_it_found_nothing_faster():
-    table = search().assign(is_default=[True, False, False])  # the winner is the default
-    rounds = in_rounds({"w": [6.0, 6.1], "two": [3.5, 3.6]})
-    conclusion = lessons.confirm_winner(rounds, table, "w", threads=1, cores=2)
-    assert (
-        conclusion.takeaway[0] == "Model Analyzer's search found nothing faster than the default."
+def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():
+    rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
+    conclusion = lessons.confirm_winner(rounds, search(twin=9.0), "twin", threads=1, cores=2)
+    assert conclusion.takeaway[2].startswith(
+        "Model Analyzer named twin, which has the default's own settings, from one measurement"
     )
-    assert "winner_verdict" not in conclusion.figures
+    assert conclusion.figures["winner"] == "twin"
+
+
+def test_a_search_that_kept_the_default_says_so():
+    rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
+    conclusion = lessons.confirm_winner(rounds, search(), "d", threads=1, cores=2)
+    assert conclusion.takeaway[2].startswith("Model Analyzer ranked the default first from one")
 
 
 def test_the_rounds_must_measure_the_default_and_the_winner():
-    with pytest.raises(ConfigError, match="must measure the default"):
+    with pytest.raises(ConfigError, match="they lack d"):
         lessons.confirm_winner(in_rounds({"w": [6.0, 6.1]}), search(), "w")
+    with pytest.raises(ConfigError, match="they lack w"):
+        lessons.confirm_winner(in_rounds({"d": [6.0, 6.1]}), search(), "w")
 
 
-def test_the_search_findings_give_each_instance_count_the_mechanism_and_the_pick():
+def test_the_search_findings_give_each_instance_count_the_mechanism_its_noise_and_the_pick():
     said = lessons.search_findings(search(), threads=1, cores=2)
     assert "measured 7.60 to 8.16 infer/s with 1 instance (w, d), and 5.90 infer/s with 2" in said
-    # 4 clients cannot fill a max batch size of 8: no limit on the list can differ
-    assert "with 4 clients no execution can take more than 4 requests" not in said
+    assert "A max batch size of 4 or 8 makes no difference here" in said
+    # w and d differ only in a max batch size the clients never fill: the search's noise
+    assert "differ only in it measured up to x1.07 apart" in said
     assert "2.4 requests per execution" in said and "expect no gain, or a loss" in said
-    assert "ranked w first: 8.16 infer/s against the default's 7.60 (x1.07 infer/s)" in said
-    # w has the default's own settings: two measurements of one configuration, the search's noise
-    assert "measured twice in one search, gave 8.16 and 7.60 infer/s" in said
-    batch_sizes = search("max batch size 8 -> 4", winner_batch=4)
-    assert "A max batch size of 4 or 8 makes no difference here" in lessons.search_findings(
-        batch_sizes, threads=1, cores=2
+    assert (
+        "ranked w (max batch size 8 -> 4) first: 8.16 infer/s against the default's 7.60 "
+        "(x1.07 infer/s)" in said
     )
+
+
+def test_the_search_noise_is_none_where_nothing_measured_cannot_differ():
+    one_size = search(winner_change="2 instances", winner_batch=8).assign(instances=[2, 1, 2])
+    assert lessons.analyzer.search_noise(one_size) is None
+    assert lessons.analyzer.search_noise(
+        one_size.assign(change=["none", "none", "2 instances"], instances=[1, 1, 2])
+    ) == pytest.approx(8.16 / 7.6)
 
 
 def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_path):

@@ -4,10 +4,12 @@ The search measures each configuration once. :func:`search_findings` says what i
 mechanism that explains it: a max batch size at or above the number of clients cannot matter, and
 an extra instance on a CPU gains only where the thread budget leaves a core idle and one instance
 does not already batch (:func:`~labkit.lessons.instances.predict_instances`, the explanation
-notebook 07 gives too). :func:`confirm_winner` reads the rounds in which the default, the search's
-winner and its best configuration with another instance count were measured again, in turns
+notebook 07 gives too). :func:`confirm_winner` reads the rounds in which the default and the
+search's best-ranked configuration of each instance count were measured again, in turns
 (:func:`labkit.profiling.analyzer.measure_rounds`), and gives one verdict per configuration: a
-gain or a loss only when every round agrees beyond :data:`NOISE_FLOOR`, else a tie.
+gain or a loss only when every round agrees beyond :data:`NOISE_FLOOR`, else a tie. Its words
+follow the settings the search varies, not which configuration Model Analyzer ranked first: on
+2 shared cores that pick changes from run to run, while what each setting does does not.
 
 Both read :func:`labkit.profiling.analyzer.ranked`'s table of the search: one row per
 configuration (``config``, ``change``, ``instances``, ``max_batch_size``, ``concurrency``,
@@ -61,22 +63,31 @@ def search_findings(
     search: pd.DataFrame, *, threads: int | None = None, cores: int | None = None
 ) -> str:
     """What the search found, in a learner's words: the throughput of each instance count, why
-    the max batch size cannot matter (when it cannot), what the thread budget predicts for more
+    the max batch size cannot matter (when it cannot) and how far apart the search measured
+    configurations that cannot differ (its noise), what the thread budget predicts for more
     instances, and Model Analyzer's own pick with how far it led the default."""
     _check_search(search)
     default = search[search["is_default"]].iloc[0]
-    clients = int(default["concurrency"])
     groups = [
         f"{_range(rows['throughput'])} infer/s with {k} instance{'s' if k > 1 else ''} "
         f"({', '.join(rows['config'])})"
         for k, rows in search.groupby("instances", sort=True)
     ]
     said = [f"The search measured {', and '.join(groups)}."]
-    sizes = sorted(set(search["max_batch_size"]))
-    if len(sizes) > 1 and min(sizes) >= clients:
+    clients = int(default["concurrency"])
+    noise = search_noise(search)
+    if _batch_cannot_matter(search):
+        sizes = sorted(set(search["max_batch_size"]))
         said.append(
             f"A max batch size of {' or '.join(map(str, sizes))} makes no difference here: with "
-            f"{clients} clients no execution can take more than {clients} requests."
+            f"{clients} clients no execution can take more than {clients} requests. Yet "
+            f"configurations that differ only in it measured up to x{noise:.2f} apart: that is "
+            "the search's noise, with one measurement each."
+        )
+    elif noise is not None:
+        said.append(
+            f"The configuration with the default's own settings measured x{noise:.2f} apart from "
+            "the default: that is the search's noise, with one measurement each."
         )
     most = int(search["instances"].max())
     if threads and most > 1 and default["avg_batch_size"] == default["avg_batch_size"]:
@@ -94,19 +105,32 @@ def search_findings(
     else:
         lead = Ratio.between(winner["throughput"], default["throughput"], "infer/s")
         said.append(
-            f"Model Analyzer ranked {winner['config']} first: {winner['throughput']:.2f} infer/s "
-            f"against the default's {default['throughput']:.2f} ({lead}), one measurement each."
-        )
-    twin = _twin(search)
-    if twin is not None:
-        said.append(
-            f"But {twin['config']} has the default's own settings: the same configuration, "
-            f"measured twice in one search, gave {twin['throughput']:.2f} and "
-            f"{default['throughput']:.2f} infer/s "
-            f"({Ratio.between(twin['throughput'], default['throughput'], 'infer/s')}). That is "
-            "the search's noise, and a lead within it names a winner by chance."
+            f"Model Analyzer ranked {winner['config']} ({_settings(winner['change'])}) first: "
+            f"{winner['throughput']:.2f} infer/s against the default's "
+            f"{default['throughput']:.2f} ({lead}), one measurement each."
         )
     return "\n".join(said)
+
+
+def search_noise(search: pd.DataFrame) -> float | None:
+    """How far apart (max over min, in infer/s) the search measured configurations that cannot
+    differ here: those that differ only in a max batch size the clients never fill, or a
+    configuration with the default's own settings against the default. None when it has none."""
+    if _batch_cannot_matter(search):
+        spreads = [
+            rows["throughput"].max() / rows["throughput"].min()
+            for _, rows in search.groupby("instances")
+            if len(rows) > 1
+        ]
+        return float(max(spreads)) if spreads else None
+    twin = search[(search["change"] == "none") & ~search["is_default"]]
+    if twin.empty:
+        return None
+    pair = [
+        float(twin["throughput"].iloc[0]),
+        float(search.loc[search["is_default"], "throughput"].iloc[0]),
+    ]
+    return max(pair) / min(pair)
 
 
 def confirm_winner(
@@ -117,37 +141,40 @@ def confirm_winner(
     threads: int | None = None,
     cores: int | None = None,
 ) -> Conclusion:
-    """The winner (and any other configuration of ``rounds``) against the default, round by round.
+    """Every configuration of ``rounds`` against the default, round by round, and where Model
+    Analyzer's ``winner`` stands among them.
 
-    ``rounds`` is :func:`~labkit.profiling.analyzer.measure_rounds`'s table: one measurement of
-    each configuration a round (``round``, ``config``, ``throughput``, ``avg_batch_size``,
-    ``compute_infer_ms``). Each configuration's ratio to the default is taken within each round,
-    so a host that drifts between rounds weighs on both sides alike; :func:`verdict` judges them.
-    ``threads`` (torch threads per instance) and ``cores`` (this machine's, by default) let the
-    words say what the thread budget predicts for a different instance count.
+    ``rounds`` is :func:`~labkit.profiling.analyzer.measure_rounds`'s table of the configurations
+    :func:`~labkit.profiling.analyzer.contenders` picks (the default, and the best-ranked
+    configuration of each instance count that changes something): one measurement of each a
+    round (``round``, ``config``, ``throughput``, ``avg_batch_size``, ``compute_infer_ms``). Each
+    ratio to the default is taken within a round, so a host that drifts between rounds weighs on
+    both sides alike; :func:`verdict` judges them. The words and the takeaway follow the
+    settings the search varies (the max batch size, the instance count), so they say the same
+    thing whichever configuration Model Analyzer happened to rank first. ``threads`` (torch
+    threads per instance) and ``cores`` (this machine's, by default) let the words say what the
+    thread budget predicts for another instance count.
     """
     _check_search(search)
+    by = search.set_index("config")
     default = str(search.loc[search["is_default"], "config"].iloc[0])
-    measured = list(dict.fromkeys(rounds["config"]))
-    if default not in measured or winner not in measured:
+    measured = list(dict.fromkeys([default, *rounds["config"]]))
+    needed = [default] + ([winner] if by.loc[winner, "change"] != "none" else [])
+    if missing := [n for n in needed if n not in set(rounds["config"])]:
         raise ConfigError(
             f"the rounds must measure the default ({default}) and the winner ({winner}); "
-            f"they measured {', '.join(measured)}"
+            f"they lack {', '.join(missing)}"
         )
-    by = search.set_index("config")
     base = _per_round(rounds, default)
-    rows, judged = [], {}
+    judged, rows = {}, []
     for name in measured:
         mine = _per_round(rounds, name)
         ratios = [mine[r] / base[r] for r in sorted(mine) if r in base and base[r]]
-        judged[name] = (
-            statistics.median(ratios),
-            verdict(ratios) if name != default else "",
-            ratios,
-        )
+        judged[name] = (statistics.median(ratios), verdict(ratios), ratios)
         rows.append(
             {
                 "configuration": name,
+                "rank in the search": int(by.loc[name, "rank"]) if "rank" in by else "",
                 "change from the default": by.loc[name, "change"],
                 "infer/s, each round": ", ".join(f"{mine[r]:.2f}" for r in sorted(mine)),
                 "requests per execution": f"{_median(rounds, name, 'avg_batch_size'):.1f}",
@@ -157,77 +184,82 @@ def confirm_winner(
             }
         )
     batch = _median(rounds, default, "avg_batch_size")
-    clients = int(by.loc[default, "concurrency"])
-    first, short_first = _winner_words(winner, default, by, judged, clients, batch)
-    text, takeaway = [first], [short_first]
-    figures = {"winner": winner}
-    if winner != default:
-        figures["winner_against_default"] = Ratio(judged[winner][0], "infer/s")
-        figures["winner_verdict"] = judged[winner][1]
+    text, takeaway = [], []
+    figures: dict = {"winner": winner}
+    verdicts = {}
     for name in measured:
-        if name in (default, winner):
+        if name == default:
             continue
-        said, short, key = _other_words(
-            name, default, by, rounds, judged[name], batch, threads, cores
+        said, short, label = _contender_words(
+            name, winner, default, by, rounds, judged[name], batch, threads, cores
         )
         text.append(said)
         takeaway.append(short)
-        figures[f"{key}_against_default"] = Ratio(judged[name][0], "infer/s")
-        figures[f"{key}_verdict"] = judged[name][1]
+        figures[f"{label.replace(' ', '_')}_against_default"] = Ratio(judged[name][0], "infer/s")
+        verdicts[label] = judged[name][1]
+    figures["verdicts"] = verdicts
     figures["requests_per_execution"] = round(batch, 2)
-    text.append(_search_against_rounds(rounds, by, default, clients))
-    if len(takeaway) < 3:
-        takeaway.append(_once(by, default))
-    return Conclusion(pd.DataFrame(rows), figures, "\n".join(text), tuple(takeaway[:3]))
-
-
-def _winner_words(winner, default, by, judged, clients, batch) -> tuple[str, str]:
-    """The winner's verdict with its reason: the long form and the takeaway's sentence."""
-    if winner == default:
-        said = (
-            "Model Analyzer ranked the default first: the rounds measured no other "
-            "configuration that beat it in the search."
-        )
-        return said, "Model Analyzer's search found nothing faster than the default."
-    ratio, result = Ratio(judged[winner][0], "infer/s"), judged[winner][1]
-    change = by.loc[winner, "change"]
-    why = ""
-    if result == "tie" and change == "none":
-        why = "it has the default's own settings, so its lead in the search was chance"
-    elif result == "tie" and change.startswith("max batch size") and "," not in change:
-        sizes = (int(by.loc[winner, "max_batch_size"]), int(by.loc[default, "max_batch_size"]))
-        if min(sizes) >= clients:
-            why = (
-                f"it changes only the max batch size ({change.removeprefix('max batch size ')}), "
-                f"and {clients} clients never send more requests at once than either allows"
-            )
-    said = (
-        f"Model Analyzer's winner {winner} gave {ratio} against the default "
-        f"({_spread(judged[winner][2])}): {VERDICT_WORDS[result]}"
-        + (f", because {why}" if why else "")
-        + "."
+    noise = search_noise(search)
+    if noise is not None:
+        figures["search_noise"] = Ratio(noise, "infer/s")
+    text.append(_search_against_rounds(rounds, by, default))
+    last = _pick_words(winner, by, noise)
+    text.append(last)
+    return Conclusion(
+        pd.DataFrame(rows), figures, "\n".join(text), (*takeaway[: MAX_TAKEAWAY - 1], last)
     )
-    if why and change != "none":
-        said += f" One execution of the default carried {batch:.1f} requests on average."
-    short = (
-        f"Model Analyzer's winner, {winner}, tied the default ({_spread(judged[winner][2])})"
-        + (f": {why}." if why else ".")
-        if result == "tie"
-        else f"Model Analyzer's winner, {winner} ({_settings(change)}), was {VERDICT_WORDS[result]} "
-        f"against the default ({ratio})."
-    )
-    return said, short
 
 
-def _other_words(name, default, by, rounds, judged, batch, threads, cores) -> tuple[str, str, str]:
-    """Another configuration against the default: the words, the takeaway's sentence, and the
-    key its figures are recorded under (``2_instances`` where it differs in instance count)."""
-    ratio, result = Ratio(judged[0], "infer/s"), judged[1]
-    change = by.loc[name, "change"]
+#: A takeaway's lines: one per setting the search varies (two), and Model Analyzer's pick.
+MAX_TAKEAWAY = 3
+
+
+def _label(name: str, default: str, by: pd.DataFrame) -> str:
+    """What a contender stands for, as its figures are named: ``max batch size 4`` for a change
+    of the max batch size alone, ``2 instances`` for another instance count, else its change."""
     k, k_default = int(by.loc[name, "instances"]), int(by.loc[default, "instances"])
-    said = f"{name} ({change}) gave {ratio} ({_spread(judged[2])}): {VERDICT_WORDS[result]}."
+    if k != k_default:
+        return f"{k} instances"
+    change = str(by.loc[name, "change"])
+    if change.startswith("max batch size") and "," not in change:
+        return f"max batch size {int(by.loc[name, 'max_batch_size'])}"
+    return "same settings" if change == "none" else change
+
+
+def _contender_words(name, winner, default, by, rounds, judged, batch, threads, cores):
+    """One configuration against the default: its words, the takeaway's sentence, its label."""
+    ratio, result, ratios = Ratio(judged[0], "infer/s"), judged[1], judged[2]
+    change, label = str(by.loc[name, "change"]), _label(name, default, by)
+    k, k_default = int(by.loc[name, "instances"]), int(by.loc[default, "instances"])
+    who = f"{name} ({change})" + (", Model Analyzer's winner," if name == winner else "")
+    said = f"{who} gave {ratio} against the default ({_spread(ratios)}): "
+    said += VERDICT_WORDS[result]
     if k == k_default:
-        return said, f"{name} ({change}) gave {ratio} against the default.", "runner_up"
+        sizes = (int(by.loc[name, "max_batch_size"]), int(by.loc[default, "max_batch_size"]))
+        clients = int(by.loc[default, "concurrency"])
+        if label.startswith("max batch size") and result == "tie" and min(sizes) >= clients:
+            said += (
+                f", because {clients} clients never send more requests at once than either max "
+                f"batch size allows (one execution of the default carried {batch:.1f})."
+            )
+            short = (
+                f"A max batch size of {sizes[0]} tied with the default's {sizes[1]} "
+                f"({_spread(ratios)}): {clients} clients never exceed either."
+            )
+        elif label.startswith("max batch size"):
+            said += "."
+            short = (
+                f"A max batch size of {sizes[0]} tied with the default's {sizes[1]} "
+                f"({_spread(ratios)})."
+                if result == "tie"
+                else f"A max batch size of {sizes[0]} was {VERDICT_WORDS[result]} against the "
+                f"default's {sizes[1]} ({ratio})."
+            )
+        else:
+            said += "."
+            short = f"{name} ({change}) gave {ratio} against the default: {VERDICT_WORDS[result]}."
+        return said, short, label
+    said += "."
     if threads and k_default == 1 and k > 1:
         predicted = predict_instances(
             instances=k, threads=threads, cores=cores or os.cpu_count() or 1, batch=max(batch, 1.0)
@@ -248,10 +280,29 @@ def _other_words(name, default, by, rounds, judged, batch, threads, cores) -> tu
         if result != "gain" and batch >= 1.5
         else "."
     )
-    return said, short, f"{k}_instances"
+    return said, short, label
 
 
-def _search_against_rounds(rounds, by, default, clients) -> str:
+def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
+    """Model Analyzer's pick, and what to do with a search's winner: the takeaway's last line."""
+    if bool(by.loc[winner, "is_default"]):
+        named = "Model Analyzer ranked the default first"
+    elif by.loc[winner, "change"] == "none":
+        named = f"Model Analyzer named {winner}, which has the default's own settings,"
+    else:
+        named = f"Model Analyzer named {winner} ({by.loc[winner, 'change']})"
+    apart = (
+        f" (configurations that cannot differ here measured up to x{noise:.2f} apart)"
+        if noise is not None
+        else ""
+    )
+    return (
+        f"{named} from one measurement of each configuration{apart}, so measure a search's "
+        "winner again, in turns, before you deploy it."
+    )
+
+
+def _search_against_rounds(rounds, by, default) -> str:
     """Why the search's figure of the default differs from the rounds' (or that it agrees)."""
     searched = float(by.loc[default, "throughput"])
     again = _median(rounds, default, "throughput")
@@ -263,8 +314,8 @@ def _search_against_rounds(rounds, by, default, clients) -> str:
         )
     return (
         f"The search measured the default at {searched:.2f} infer/s, the rounds at {again:.2f} "
-        f"({ratio}): the same request from {clients} clients, but one execution took "
-        f"{by.loc[default, 'compute_infer_ms']:.0f} ms in the search against "
+        f"({ratio}): the same request from {int(by.loc[default, 'concurrency'])} clients, but "
+        f"one execution took {by.loc[default, 'compute_infer_ms']:.0f} ms in the search against "
         f"{_median(rounds, default, 'compute_infer_ms'):.0f} ms in the rounds, so the host ran at "
         "another speed then"
         + (" (and each of the search's servers starts cold)" if again > searched else "")
@@ -272,36 +323,20 @@ def _search_against_rounds(rounds, by, default, clients) -> str:
     )
 
 
-def _twin(search: pd.DataFrame) -> pd.Series | None:
-    """A configuration of the search, other than the default, with the default's own settings."""
-    twins = search[(search["change"] == "none") & ~search["is_default"]]
-    return twins.iloc[0] if len(twins) else None
-
-
-def _once(by: pd.DataFrame, default: str) -> str:
-    """The takeaway's last sentence: the search measures once, so its winner is measured again."""
-    twin = _twin(by.reset_index())
-    again = (
-        f" (the default's own settings gave {by.loc[default, 'throughput']:.1f} and "
-        f"{twin['throughput']:.1f} infer/s in the same search)"
-        if twin is not None
-        else ""
-    )
-    return (
-        f"Model Analyzer measures each configuration once{again}, so measure its winner again "
-        "beside the default, in turns, before you deploy it."
-    )
-
-
-def _spread(ratios: list[float]) -> str:
-    """The rounds' ratios as a range: ``x0.80 to x1.10 over 3 rounds``."""
-    low, high = min(ratios), max(ratios)
-    return f"x{low:.2f} to x{high:.2f} over {len(ratios)} rounds"
+def _batch_cannot_matter(search: pd.DataFrame) -> bool:
+    """Whether the search varies max batch sizes that its clients can never fill."""
+    sizes = set(search["max_batch_size"])
+    return len(sizes) > 1 and min(sizes) >= int(search["concurrency"].max())
 
 
 def _settings(change: str) -> str:
     """A configuration's change from the default as a parenthesis reads it."""
     return "the default's own settings" if change == "none" else change
+
+
+def _spread(ratios: list[float]) -> str:
+    """The rounds' ratios as a range: ``x0.80 to x1.10 over 3 rounds``."""
+    return f"x{min(ratios):.2f} to x{max(ratios):.2f} over {len(ratios)} rounds"
 
 
 def _per_round(rounds: pd.DataFrame, name: str) -> dict[int, float]:

@@ -563,14 +563,17 @@ def best_config(result: AnalyzerResult, p99_budget_ms: float | None = None) -> s
 
 
 def contenders(result: AnalyzerResult, winner: str) -> list[str]:
-    """What to measure again: the default, ``winner``, and the best-ranked configuration whose
-    instance count differs from the winner's (the search's other answer to *do more instances
-    help?*), each once, in that order."""
+    """What to measure again: the default, then for each instance count the best-ranked
+    configuration that changes something from the default, so that every answer the search
+    gives (*does the max batch size matter? do more instances help?*) is measured whatever it
+    ranked first. Model Analyzer's ``winner`` is among them (it is the best-ranked of its
+    instance count), unless it has the default's own settings: then the default stands for it."""
     table = ranked(result)
-    chosen = [default_config(result), winner]
-    others = table[table["instances"] != result.configs[winner]["instances"]]
-    if not others.empty:
-        chosen.append(str(others.iloc[0]["config"]))
+    changed = table[table["change"] != "none"]
+    chosen = [default_config(result)]
+    chosen += [str(rows.iloc[0]["config"]) for _, rows in changed.groupby("instances", sort=True)]
+    if change_from_default(result, winner) != "none":
+        chosen.append(winner)  # a winner picked by a latency budget, not by rank
     return list(dict.fromkeys(chosen))
 
 
