@@ -103,6 +103,12 @@ def test_replicas_that_beat_instances_on_a_busy_host_that_shares_by_session_are_
     assert "Not from more cores but from a bigger share of them" in lesson.text
     assert "(load average 13.6 on 2 cores) 2 sessions get up to 2 shares" in lesson.text
     assert "from the bigger share a busy Linux host gives them" in lesson.takeaway[0]
+    assert lesson.takeaway[1].startswith(
+        "Here other processes kept the cores busy (load average 13.6 on 2 cores), so each "
+        "session's share of them decided"
+    )
+    assert lesson.takeaway[1].endswith("leaves idle, at most 2x.")
+    assert sentence_count(lesson.takeaway) == 3
     # on a host that is not busy, or that does not share by session, the other reasons stand
     for options in (dict(load_average=1.2, autogroup=True), dict(load_average=13.6)):
         lesson = conclude(6.5, 9.4, 25.8, **options)

@@ -170,7 +170,7 @@ def scale_out_conclusion(
         lines.append(caveat)
     takeaway = (
         _speed_sentence(speed, versus, count, cores, spread, shares),
-        _mechanism_sentence(predicted.instances, cores, load_average),
+        _mechanism_sentence(predicted.instances, cores, load_average, shares),
         "What replicas add on one host is failover; more speed takes more cores, a second "
         "machine or one GPU per replica.",
     )
@@ -294,16 +294,23 @@ def _speed_sentence(
 
 
 def _mechanism_sentence(
-    predicted: InstancePrediction, cores: int, load_average: float | None
+    predicted: InstancePrediction, cores: int, load_average: float | None, shares: str = ""
 ) -> str:
     load = (
         f" (load average {load_average:.1f} on {cores} cores here)"
         if load_average is not None
         else ""
     )
+    idle = predicted.busy_many - predicted.busy_one
+    cores_word = "core" if idle == 1 else "cores"
+    if shares:  # a busy host that shares by session: no core was idle, the shares decided
+        return (
+            f"Here other processes kept the cores busy (load average {shares}), so each "
+            "session's share of them decided, and each replica is a session of its own; on a "
+            f"quiet host both can only put to work the {cores_word} one instance leaves idle"
+            + (f", at most {predicted.busy_many / predicted.busy_one:.0f}x." if idle else ".")
+        )
     if predicted.expect == "gain":
-        idle = predicted.busy_many - predicted.busy_one
-        cores_word = "core" if idle == 1 else "cores"
         return (
             f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
             f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so at most "
