@@ -109,6 +109,9 @@ def test_replicas_that_beat_instances_on_a_busy_host_that_shares_by_session_are_
     )
     assert lesson.takeaway[1].endswith("leaves idle, at most 2x.")
     assert sentence_count(lesson.takeaway) == 3
+    # a tie on the same busy host needs no shares to explain it
+    tie = conclude(6.5, 9.4, 10.0, load_average=13.6, autogroup=True)
+    assert tie.takeaway[1].startswith("Both can only put to work the core")
     # on a host that is not busy, or that does not share by session, the other reasons stand
     for options in (dict(load_average=1.2, autogroup=True), dict(load_average=13.6)):
         lesson = conclude(6.5, 9.4, 25.8, **options)

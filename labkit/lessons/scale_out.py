@@ -170,7 +170,13 @@ def scale_out_conclusion(
         lines.append(caveat)
     takeaway = (
         _speed_sentence(speed, versus, count, cores, spread, shares),
-        _mechanism_sentence(predicted.instances, cores, load_average, shares),
+        # the shares explain a gain of replicas over instances; a tie needs no more than cores
+        _mechanism_sentence(
+            predicted.instances,
+            cores,
+            load_average,
+            shares if verdict(versus, spread) == "gain" else "",
+        ),
         "What replicas add on one host is failover; more speed takes more cores, a second "
         "machine or one GPU per replica.",
     )
