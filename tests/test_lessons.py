@@ -132,6 +132,9 @@ def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_exe
         in_rounds({"d": [7.5, 7.7], "w": [7.4, 7.8]}), search(default_tput=7.6), "w"
     )
     assert "agrees with the rounds'" in agreed.text
+    assert "stayed within 7.50 to 7.70 infer/s across the rounds: a quiet host" in agreed.text
+    busy = lessons.confirm_winner(in_rounds({"d": [7.2, 4.1], "w": [8.0, 3.4]}), search(), "w")
+    assert "ranged from 4.10 to 7.20 infer/s across the rounds (x1.76)" in busy.text
 
 
 def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():

@@ -202,6 +202,7 @@ def confirm_winner(
     noise = search_noise(search)
     if noise is not None:
         figures["search_noise"] = Ratio(noise, "infer/s")
+    text.append(_drift(base))
     text.append(_search_against_rounds(rounds, by, default))
     last = _pick_words(winner, by, noise)
     text.append(last)
@@ -299,6 +300,22 @@ def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
     return (
         f"{named} from one measurement of each configuration{apart}, so measure a search's "
         "winner again, in turns, before you deploy it."
+    )
+
+
+def _drift(base: dict[int, float]) -> str:
+    """How far the default itself moved between rounds: the host's own drift, which only a
+    difference shown by every round outlasts."""
+    low, high = min(base.values()), max(base.values())
+    if high <= low * (1 + 2 * NOISE_FLOOR):
+        return (
+            f"The default itself stayed within {low:.2f} to {high:.2f} infer/s across the rounds: "
+            "a quiet host."
+        )
+    return (
+        f"The default itself ranged from {low:.2f} to {high:.2f} infer/s across the rounds "
+        f"(x{high / low:.2f}): other work on this host's cores, so only a difference that every "
+        "round shows counts."
     )
 
 
