@@ -40,6 +40,7 @@ __all__ = [
     "lessons",
     "llm_serving",
     "neuron",
+    "pipeline",
     "plots",
     "profiling",
     "streaming",

@@ -10,6 +10,11 @@ The lab's repository serves the all-MiniLM-L6-v2 encoder two ways:
   scheduler passes each step's outputs to the next in the server, so a client sends text and
   gets the embedding, as from ``minilm``.
 
+A third shape is ``ask``: business logic scripting (BLS), a Python model that calls other
+models itself (``minilm`` to embed a question, then ``smollm2_stream`` to answer it from the
+passages it ranked), streaming the answer back; :func:`ask` and :func:`ask_from_client` run it
+and the same steps from the client.
+
 This module measures what a learner asks of them: whether the two answer alike
 (:func:`compare_embeddings`), what the ensemble costs and what a second encoder instance buys
 (:func:`ensemble_rounds`, perf_analyzer in alternating rounds), and what the response cache does
@@ -20,6 +25,7 @@ This module measures what a learner asks of them: whether the two answer alike
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import time
@@ -33,10 +39,10 @@ import pandas as pd
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from labkit import embedding, profiling
+from labkit import embedding, profiling, streaming
 from labkit.errors import ConfigError, InferenceError
-from labkit.repository import ModelConfig, Repository, apply_edits
-from labkit.server import TritonServer, reload
+from labkit.repository import ModelConfig, Repository, apply_edits, diff_configs
+from labkit.server import TritonServer, reload, served_config
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ SINGLE = "minilm"
 PIPELINE = "minilm_pipeline"
 TOKENIZER = "minilm_tokenize"
 ENCODER = "minilm_encode"
+#: ``minilm`` with the response cache on, a model of its own (see :func:`add_cached_twin`).
+CACHED = "minilm_cached"
 #: What a notebook loads: the single model and the ensemble (which brings its two steps).
 MODELS = [SINGLE, PIPELINE]
 #: How a measurement names each way of serving MiniLM.
@@ -80,17 +88,17 @@ def with_cache(cfg: ModelConfig, enable: bool = True) -> ModelConfig:
     return new
 
 
-def set_cache(server: TritonServer, repository: Repository, model: str, enable: bool = True) -> str:
-    """Turn the response cache of ``model`` on (or off) in the run's copy and reload it live;
-    the diff that was written. The server must run with a cache (``cache_size=``)."""
-    if enable and server.mode != "remote" and getattr(server, "cache_size", None) is None:
-        raise ConfigError(
-            f"this server runs without a response cache, so {model}'s response_cache would "
-            "never be used; start it with cache_size= (labkit serve --cache-size)"
-        )
-    return reload(
-        server, model, with_cache(repository.config(model), enable), repository=repository
-    )
+def add_cached_twin(repository: Repository, model: str = SINGLE, name: str = CACHED) -> str:
+    """Add ``name``: ``model``'s folder (its code and weights linked) with the response cache on;
+    the difference between the two configs, as a diff.
+
+    A model of its own rather than ``model`` reloaded with the cache: Triton 2.51 creates a
+    model's cache counters (``nv_cache_num_hits_per_model``...) when the model is first loaded,
+    so a model whose reload turns the cache on answers from the cache but ``/metrics`` never
+    counts its hits or misses (checked on this machine)."""
+    before = repository.config(model)
+    repository.add_twin(model, name, with_cache(before))
+    return diff_configs(before, repository.config(name), f"{model} -> {name}")
 
 
 def set_instances(server: TritonServer, repository: Repository, model: str, count: int) -> str:
@@ -109,9 +117,12 @@ class Agreement:
     dimension: int
 
     def __str__(self) -> str:
+        largest = (
+            "0: the same float32 numbers" if self.max_abs_diff == 0 else f"{self.max_abs_diff:.1e}"
+        )
         return (
             f"{self.texts} sentences, {self.dimension} numbers each: the largest difference "
-            f"between the ensemble's and the single model's vectors is {self.max_abs_diff:.1e}"
+            f"between the ensemble's and the single model's vectors is {largest}"
         )
 
 
@@ -151,7 +162,7 @@ def time_requests(server: TritonServer | str, model: str, texts: Iterable[str]) 
 
 
 def hit_and_miss_rounds(
-    server: TritonServer, model: str = SINGLE, *, rounds: int = 3, per_round: int = 20
+    server: TritonServer, model: str = CACHED, *, rounds: int = 3, per_round: int = 20
 ) -> pd.DataFrame:
     """Misses and hits in alternating rounds: each round sends ``per_round`` sentences the server
     has never seen (each a miss), then the same sentences again (each a hit). One row per round
@@ -195,9 +206,18 @@ class Eviction:
     util: float  # the fraction of the cache in use at the end
     first_evicted: bool  # the first request, sent again, was a miss
 
+    def __str__(self) -> str:
+        again = "a miss: it had been evicted" if self.first_evicted else "still a hit"
+        return (
+            f"{self.requests} requests offered {self.sent_bytes / 1024:.0f} KiB of answers to a "
+            f"cache of {self.cache_bytes / 1024:.0f} KiB: {self.evictions} answers were evicted, "
+            f"{self.entries} are held, filling {self.util:.0%} of it. Sent again, the first "
+            f"request was {again}."
+        )
+
 
 def fill_cache(
-    server: TritonServer, model: str = SINGLE, *, times: float = 2.0, batch: int = 32
+    server: TritonServer, model: str = CACHED, *, times: float = 2.0, batch: int = 32
 ) -> Eviction:
     """Offer the cache ``times`` its size in new answers (requests of ``batch`` new sentences,
     ``batch`` x 384 x 4 bytes each), then send the first request again. Its least recently
@@ -230,13 +250,15 @@ def fill_cache(
 def cache_table(server: TritonServer | str, since: pd.DataFrame | None = None) -> pd.DataFrame:
     """The server's cache counters per model, in words a learner reads (with units)."""
     frame = profiling.cache_metrics(server, since=since)
+    if frame.empty:
+        return pd.DataFrame(columns=["model", "hits", "misses"])
     return pd.DataFrame(
         {
             "model": frame["model"],
             "hits": frame["hits"].astype(int),
             "misses": frame["misses"].astype(int),
-            "cache time per hit (µs)": frame["avg_hit_us"].round(1),
-            "cache time per miss (µs)": frame["avg_miss_us"].round(1),
+            "cache time per hit (µs)": frame["avg_hit_us"].map("{:.1f}".format),
+            "cache time per miss (µs)": frame["avg_miss_us"].map("{:.1f}".format),
         }
     )
 
@@ -300,3 +322,66 @@ def summarize_rounds(frame: pd.DataFrame) -> pd.DataFrame:
         rounds=("round", "nunique"),
     )
     return out.reset_index()
+
+
+# -- retrieve, then generate: the ask model (BLS) against the same steps from the client --------
+ASK = "ask"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One answer to a question, and what it took (seconds, from the request's start)."""
+
+    text: str
+    ttft_s: float  # until the answer's first piece arrived
+    total_s: float
+    prompt: str = ""  # the prompt sent to the language model (the client's pipeline only)
+
+
+def ask(server: TritonServer, question: str) -> Asked:
+    """``question`` to the ``ask`` model: one request; it embeds, ranks, builds the prompt and
+    streams the language model's answer back, all inside the server (BLS)."""
+    stats = streaming.measure(server.http_url, ASK, question)
+    return Asked(stats.text, stats.ttft_s, stats.total_s)
+
+
+def ask_from_client(
+    server: TritonServer, question: str, corpus_vectors: np.ndarray | None = None
+) -> Asked:
+    """The ``ask`` model's steps run from the client, with the settings its served config holds:
+    a round trip to embed the question, the ranking here, a round trip (streamed) to generate.
+    The passages are embedded first unless ``corpus_vectors`` gives them (outside the clock, as
+    ``ask`` embeds them once at its first request)."""
+    params = {k: v["string_value"] for k, v in served_config(server, ASK)["parameters"].items()}
+    passages = corpus(server)
+    if corpus_vectors is None:
+        corpus_vectors = embed_corpus(server, params["embedding_model"], passages)
+    started = time.perf_counter()
+    asked = embedding.served_embed(server, [question], model=params["embedding_model"])[0]
+    best = np.argsort(-(corpus_vectors @ asked), kind="stable")[: int(params["passages"])]
+    prompt = params["prompt_template"].format(
+        passages="\n".join(f"- {passages[i]}" for i in best), question=question
+    )
+    pieces, first = [], None
+    for piece in streaming.stream(
+        server.http_url, params["llm_model"], prompt, return_full_text=False
+    ):
+        first = first if first is not None else time.perf_counter() - started
+        pieces.append(piece)
+    total = time.perf_counter() - started
+    return Asked("".join(pieces), first if first is not None else total, total, prompt)
+
+
+def corpus(server: TritonServer) -> list[str]:
+    """The passages the ``ask`` model ranks (``ask/1/corpus.json`` in the server's repository)."""
+    path = Path(server.model_repository) / ASK / "1" / "corpus.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def embed_corpus(server: TritonServer, model: str, passages: Sequence[str]) -> np.ndarray:
+    """The passages' vectors from ``model``, 32 per request (its largest batch)."""
+    parts = [
+        embedding.served_embed(server, list(passages[i : i + 32]), model=model)
+        for i in range(0, len(passages), 32)
+    ]
+    return np.concatenate(parts)

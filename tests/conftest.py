@@ -329,6 +329,7 @@ FILE_SECONDS = {
     "notebooks/04_model_analyzer.ipynb": 312,
     "notebooks/03_dynamic_batching.ipynb": 253,
     "notebooks/07_beyond_one_machine.ipynb": 224,
+    "notebooks/08_pipelines_and_caching.ipynb": 140,  # measured alone (labkit run 08), not in make test
     "tests/test_vllm_model.py": 173,
     "tests/test_inflight.py": 144,
     "tests/test_analyzer.py": 119,
@@ -341,6 +342,7 @@ FILE_SECONDS = {
     "tests/test_server.py": 85,
     "notebooks/02_multiple_models.ipynb": 83,
     "tests/test_textgen_server.py": 72,
+    "tests/test_pipeline.py": 70,  # measured alone, not in make test
     "tests/test_load.py": 64,
     "tests/test_neuron_serve.py": 60,
     "tests/test_cluster.py": 51,

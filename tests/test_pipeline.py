@@ -4,21 +4,27 @@ ensemble of a tokenizer step and an encoder step, against the real server."""
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import released_together
-from labkit import embedding, pipeline, profiling
+from labkit import embedding, pipeline, profiling, streaming
 from labkit.cli import build_parser
 from labkit.errors import InferenceError, ServerError
-from labkit.repository import Repository
+from labkit.lessons import pipeline as lesson
+from labkit.lessons.takeaway import sentence_count
+from labkit.repository import Repository, apply_edits, prepare_run_repository
 from labkit.server import TritonServer, locate_tritonserver
 from labkit.server.locate import cache_directory
 
 ROOT = Path(__file__).resolve().parents[1]
+#: What a learner must never read (the root conftest.py's rule for executed notebooks).
+INTERNAL = re.compile(r"_vs_|\bRatio\(|\bConclusion\(|\bmet:|\bnot measured\b")
 
 
 @pytest.fixture
@@ -87,34 +93,60 @@ def test_the_encoder_step_shares_the_single_models_code_through_a_relative_link(
     assert link.resolve() == (ROOT / "model_repository" / "minilm" / "1" / "model.py").resolve()
 
 
+def test_the_cached_twin_differs_from_minilm_by_its_name_and_response_cache_only(tmp_path):
+    repo = Repository(ROOT / "model_repository").copy_to(tmp_path / "repo")
+    diff = pipeline.add_cached_twin(repo)
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in "+++---"]
+    assert changed == [
+        '-name: "minilm"',
+        '+name: "minilm_cached"',
+        "+response_cache {",
+        "+  enable: true",
+        "+}",
+    ]
+    assert (repo / "minilm_cached" / "1" / "model.py").read_bytes() == (
+        ROOT / "model_repository" / "minilm" / "1" / "model.py"
+    ).read_bytes()
+
+
 # -- against the real server: one server for the module -----------------------------------------
 CACHE_BYTES = 256 * 1024  # room for about 5 answers of 32 texts: the fill test goes past it
+MINILM = ["minilm", "minilm_tokenize", "minilm_encode", "minilm_pipeline"]
+LLM = "smollm2_stream"
+UNLOADED = "ask_unloaded_llm"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, start_module_server):
-    """The lab's MiniLM models (the single one with the response cache on, the ensemble and its
-    two steps) in one server with a small cache."""
+    """The lab's MiniLM models (the single one, its twin with the response cache on, the ensemble
+    and its two steps), smollm2's streaming twin and the ask model that calls both, in one server
+    with a small cache."""
     root = tmp_path_factory.mktemp("pipeline")
-    repo = Repository(ROOT / "model_repository").copy_to(root / "repo")
-    for name in [m for m in repo.models() if not m.startswith("minilm")]:
+    repo = prepare_run_repository(root, models=[LLM])  # smollm2's weights linked
+    for name in set(repo.models()) - {LLM, "smollm2", pipeline.ASK} - set(MINILM):
         repo.remove(name)  # the lab's other models are not this module's subject
-    repo.write_config(pipeline.SINGLE, pipeline.with_cache(repo.config(pipeline.SINGLE)))
-    return start_module_server(repo.path, load_models=pipeline.MODELS, cache_size=CACHE_BYTES)
+    pipeline.add_cached_twin(repo)
+    # ask, calling a language model that the server does not load (smollm2: in the repository)
+    cfg = repo.config(pipeline.ASK)
+    repo.add_twin(pipeline.ASK, UNLOADED, apply_edits(cfg, parameters={"llm_model": "smollm2"}))
+    models = [*pipeline.MODELS, pipeline.CACHED, LLM, pipeline.ASK, UNLOADED]
+    return start_module_server(repo.path, load_models=models, cache_size=CACHE_BYTES)
 
 
 @pytest.mark.integration
 def test_a_repeated_request_is_a_cache_hit_that_the_server_counts(server):
     text = f"Is this answer cached? {uuid.uuid4().hex}"
     before = profiling.cache_metrics(server)
-    miss = pipeline.time_requests(server, pipeline.SINGLE, [text])
-    after_miss = profiling.cache_metrics(server)
-    hit = pipeline.time_requests(server, pipeline.SINGLE, [text])
+    miss = pipeline.time_requests(server, pipeline.CACHED, [text])
+    missed = profiling.cache_metrics(server, since=before).set_index("model").loc[pipeline.CACHED]
+    hit = pipeline.time_requests(server, pipeline.CACHED, [text])
     counted = profiling.cache_metrics(server, since=before).set_index("model")
-    assert counted.loc["minilm", "misses"] == 1 and counted.loc["minilm", "hits"] == 1
-    assert after_miss.set_index("model").loc["minilm", "misses"] >= 1
+    assert (missed["misses"], missed["hits"]) == (1, 0)
+    assert (counted.loc[pipeline.CACHED, "misses"], counted.loc[pipeline.CACHED, "hits"]) == (1, 1)
+    assert pipeline.SINGLE not in counted.index  # the model without response_cache never asks
     assert hit[0] < miss[0]
-    cached = embedding.served_embed(server, [text])  # a request of shape [1, 1]: the same key
+    # a request of shape [1, 1] again: the same key, the cached answer, the model's own vector
+    cached = embedding.served_embed(server, [text], model=pipeline.CACHED)
     np.testing.assert_allclose(cached, embedding.embed([text]), atol=1e-5, rtol=0)
 
 
@@ -160,3 +192,109 @@ def test_the_encoder_step_batches_texts_of_different_lengths_together(server):
 def test_an_empty_text_is_refused_by_the_tokenizer_step_with_its_name(server):
     with pytest.raises(InferenceError, match="minilm_tokenize: text 0 of text_input is empty"):
         embedding.served_embed(server, ["   "], model=pipeline.PIPELINE)
+
+
+@pytest.mark.integration
+def test_ask_answers_as_its_steps_run_from_the_client_do(server):
+    question = "What does the response cache do?"
+    inside = pipeline.ask(server, question)
+    outside = pipeline.ask_from_client(server, question)
+    assert inside.text.strip() and inside.text == outside.text  # greedy: one answer
+    assert "response cache answers a request" in outside.prompt  # the passage ranked first
+    assert 0 < inside.ttft_s <= inside.total_s
+
+
+@pytest.mark.integration
+def test_an_empty_question_to_ask_is_a_400_with_the_embedding_steps_message(server):
+    with pytest.raises(
+        InferenceError, match=r"\(400\): ask: step minilm: text 0 of text_input is empty"
+    ):
+        pipeline.ask(server, "   ")
+    assert pipeline.ask(server, "When is bread baked?").text  # the next question is answered
+
+
+@pytest.mark.integration
+def test_ask_whose_language_model_is_not_loaded_names_it(server):
+    with pytest.raises(
+        InferenceError, match=r"ask: step smollm2: .*; load smollm2 \(ask calls it\)"
+    ):
+        streaming_answer = list(streaming.stream(server.http_url, UNLOADED, "What is vLLM?"))
+        assert not streaming_answer
+
+
+# -- the lesson's words ---------------------------------------------------------------------------
+def rounds(setting: str, single: list[float], ensemble: list[float], clients: int = 8):
+    rows = []
+    for number, (a, b) in enumerate(zip(single, ensemble, strict=True), 1):
+        for model, value in (("minilm", a), ("minilm_pipeline", b)):
+            rows.append(
+                {"round": number, "model": model, "setting": setting, "concurrency": clients,
+                 "throughput": value, "p50_ms": 1000 / value, "p99_ms": 2000 / value}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("single", "ensemble", "verdict"),
+    [
+        ([30.0, 31.0], [15.0, 16.0], "a loss"),
+        ([30.0, 31.0], [40.0, 41.0], "within the noise"),  # +32%: this host drifts more
+        ([30.0, 60.0], [45.0, 90.0], "within the noise"),  # +50% inside the single's 67% spread
+        ([30.0, 31.0], [45.0, 47.0], "a gain"),
+    ],
+)
+def test_a_comparison_is_a_gain_or_a_loss_only_beyond_the_rounds_spread(single, ensemble, verdict):
+    ratio, said = lesson.compare_rounds(
+        rounds("one", single, ensemble), "minilm_pipeline", "minilm", 8
+    )
+    assert said == verdict
+    assert ratio.of == "infer/s"
+
+
+def test_a_second_instance_is_judged_by_the_ensembles_share_of_the_unchanged_single_model():
+    one = rounds("1 encoder instance", [30.0, 31.0], [15.0, 15.5])
+    slower_host = rounds("2 encoder instances", [15.0, 15.5], [15.0, 15.5])  # host at half speed
+    ratio, said = lesson.compare_instances(one, slower_host, 8)
+    assert said == "a gain" and round(ratio.value, 2) == 2.0  # half of the single's, then all of it
+    same_share = rounds("2 encoder instances", [60.0, 62.0], [30.0, 31.0])  # host twice as fast
+    assert lesson.compare_instances(one, same_share, 8)[1] == "within the noise"
+
+
+def lesson_inputs():
+    one = pd.concat([rounds("1 encoder instance", [30, 31], [29, 30], c) for c in (1, 8)])
+    two = pd.concat([rounds("2 encoder instances", [30, 31], [29, 31], c) for c in (1, 8)])
+    hits = pd.DataFrame(
+        [
+            {"round": r, "kind": k, "p50_ms": p, "p99_ms": 2 * p, "requests": 20,
+             "server_hits": 20 * (k == "hit"), "server_misses": 20 * (k == "miss")}
+            for r in (1, 2) for k, p in (("miss", 30.0), ("hit", 0.2))
+        ]
+    )  # fmt: skip
+    agreement = pipeline.Agreement(texts=32, max_abs_diff=2e-7, dimension=384)
+    eviction = pipeline.Eviction(1 << 20, 2 << 20, 43, 79, 21, 0.98, True)
+    return agreement, one, two, hits, eviction
+
+
+def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
+    conclusion = lesson.pipeline_conclusion(*lesson_inputs())
+    assert len(conclusion.figures) <= 6
+    assert sentence_count(conclusion.takeaway) <= 3
+    shown = conclusion.text + str(conclusion.takeaway) + conclusion.table.to_string()
+    assert not INTERNAL.search(shown), shown
+    assert "0.20 ms against 30 ms" in conclusion.takeaway[0]
+    assert "within the noise" in conclusion.takeaway[1]
+    for table in (conclusion.table, lesson.rounds_table(lesson_inputs()[1])):
+        assert not [c for c in table.columns if "_" in c], table.columns
+
+
+def test_the_hit_and_miss_table_has_a_row_per_round_in_words():
+    table = lesson.hit_miss_table(lesson_inputs()[3])
+    assert list(table["round"]) == [1, 2]
+    assert table.loc[0, "repeated p50 (ms)"] == "0.20" and table.loc[0, "hits counted"] == 20
+    assert not [c for c in table.columns if "_" in c]
+
+
+def test_an_eviction_reads_in_words():
+    said = str(lesson_inputs()[4])
+    assert said.startswith("43 requests offered 2048 KiB of answers to a cache of 1024 KiB")
+    assert "a miss: it had been evicted" in said
