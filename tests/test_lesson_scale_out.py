@@ -91,6 +91,9 @@ def test_a_gain_that_did_not_come_on_a_busy_host_is_explained_by_its_load_averag
         "within the noise, where up to x2 was predicted: with a load average of 6.3 on 2 cores, "
         "other processes were already running on the core one instance leaves idle"
     ) in lesson.text
+    loss = conclude(29.2, 16.2, 30.4, load_average=8.9)  # measured so at load average 8.9
+    assert "x0.55 infer/s over one, less, beyond the noise" in loss.text
+    assert "leaves idle, and a second instance only split what one had." in loss.text
     quiet = conclude(20.0, 19.0, 21.0, load_average=0.5)
     assert "measuring again tells whether that was the noise" in quiet.text
 

@@ -224,7 +224,8 @@ def _instances_line(
         where = "within the noise" if measured == "tie" else "less, beyond the noise"
         why = (
             f"with a load average of {load_average:.1f} on {cores} cores, other processes "
-            f"were already running on the {idle} one instance leaves idle."
+            f"were already running on the {idle} one instance leaves idle"
+            + ("." if measured == "tie" else ", and a second instance only split what one had.")
             if busy
             else f"the idle {idle} did not turn into requests here; measuring again tells "
             "whether that was the noise."
