@@ -250,7 +250,9 @@ def _triton_cost_words(m: dict, cost: Ratio, said: str) -> str:
             "server and Python backend against vLLM's FastAPI server), and here Triton's cost less.",
             "tie": ": what Triton's front end costs is within this run's noise.",
             "loss": f": Triton's front end (its HTTP server, the Python backend's stub, one response "
-            f"per token) cost about {1 - cost.value:.0%} of the tokens/s in every round.",
+            f"per token) cost about {1 - cost.value:.0%} of the tokens/s in every round: on the "
+            "same core, every token's way through Triton takes time the engine's steps would "
+            "have had.",
         }[said]
     )
 
@@ -281,7 +283,8 @@ def _precision_words(m: dict, speed: Ratio, said: str, agreed: dict, host: dict)
         words += "; this CPU has no bfloat16 instructions, so bfloat16 saves memory, not time"
     if agreed.get("compared"):
         same, total = agreed["equal_streaming"], agreed["compared"]
-        words += f". {same} of its {total} greedy answers equal float32's: " + (
+        were = "was" if same == 1 else "were"
+        words += f". Of its {total} greedy answers, {same} {were} the same as float32's: " + (
             "where a token's two best candidates are close, bfloat16's fewer digits flip it, "
             "and the rest of the answer follows the other path."
             if same < total
