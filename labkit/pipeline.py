@@ -41,8 +41,14 @@ from tritonclient.utils import InferenceServerException
 
 from labkit import embedding, profiling, streaming
 from labkit.errors import ConfigError, InferenceError
-from labkit.repository import ModelConfig, Repository, apply_edits, diff_configs
-from labkit.server import TritonServer, reload, served_config
+from labkit.repository import (
+    ModelConfig,
+    Repository,
+    apply_edits,
+    diff_configs,
+    prepare_run_repository,
+)
+from labkit.server import TritonServer, reload, served_config, serving
 
 log = logging.getLogger(__name__)
 
@@ -385,3 +391,113 @@ def embed_corpus(server: TritonServer, model: str, passages: Sequence[str]) -> n
         for i in range(0, len(passages), 32)
     ]
     return np.concatenate(parts)
+
+
+def ask_rounds(server: TritonServer, question: str, *, rounds: int = 2) -> pd.DataFrame:
+    """``question`` through ``ask`` (one request, BLS inside the server) and through the same
+    steps from the client, in turns, ``rounds`` times; one row per answer: ``round``, ``way``,
+    ``ttft_s``, ``total_s``, ``text``. Both are warmed first (``ask`` embeds its passages at its
+    first request; the client embeds them once, outside the clock)."""
+    if rounds < 1:
+        raise ConfigError(f"rounds must be 1 or more, got {rounds}")
+    ask(server, question)
+    params = {k: v["string_value"] for k, v in served_config(server, ASK)["parameters"].items()}
+    vectors = embed_corpus(server, params["embedding_model"], corpus(server))
+    rows = []
+    for number in range(1, rounds + 1):
+        for way, answer in (
+            ("ask (BLS, one request)", lambda: ask(server, question)),
+            ("the same steps from the client", lambda: ask_from_client(server, question, vectors)),
+        ):
+            got = answer()
+            rows.append(
+                {"round": number, "way": way, "ttft_s": got.ttft_s, "total_s": got.total_s,
+                 "text": got.text}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+# -- labkit bench pipeline: the issue's targets, as JSON -------------------------------------------
+#: The models the benchmark serves: the single model, its cached twin, the ensemble, and ask
+#: with the streaming language model it calls.
+BENCH_MODELS = [*MODELS, CACHED, "smollm2_stream", ASK]
+
+
+def benchmark(
+    run_dir: str | os.PathLike,
+    *,
+    cache_mib: int = 1,
+    rounds: int = 2,
+    concurrency: Sequence[int] = (1, 8),
+    request_count: int = 30,
+    texts_per_round: int = 20,
+    question: str = "What does the response cache do?",
+    source: str | os.PathLike | None = None,
+) -> dict:
+    """Notebook 08's measurements in one run, for ``labkit bench pipeline``: the figures and
+    each target against its measurement (:func:`targets`)."""
+    run_dir = Path(run_dir)
+    repo = prepare_run_repository(run_dir, models=[*MODELS, "smollm2_stream"], source=source)
+    add_cached_twin(repo)
+    with serving(run_dir, repo.path, BENCH_MODELS, cache_size=cache_mib * 1024 * 1024) as server:
+        agreement = compare_embeddings(server, sentences(32))
+        hits = hit_and_miss_rounds(server, rounds=rounds + 1, per_round=texts_per_round)
+        one = ensemble_rounds(
+            server, rounds=rounds, concurrency=concurrency, run_dir=run_dir,
+            request_count=request_count,
+        )  # fmt: skip
+        set_instances(server, repo, ENCODER, 2)
+        two = ensemble_rounds(
+            server, rounds=rounds, concurrency=concurrency, run_dir=run_dir,
+            request_count=request_count, label="2 encoder instances",
+        )  # fmt: skip
+        eviction = fill_cache(server)
+        asked = ask_rounds(server, question, rounds=rounds)
+    result = {
+        "ensemble_max_abs_diff": agreement.max_abs_diff,
+        "cache_hit_p50_ms": float(hits.loc[hits["kind"] == "hit", "p50_ms"].median()),
+        "cache_miss_p50_ms": float(hits.loc[hits["kind"] == "miss", "p50_ms"].median()),
+        "cache_hit_p99_ms": float(hits.loc[hits["kind"] == "hit", "p99_ms"].median()),
+        "cache_miss_p99_ms": float(hits.loc[hits["kind"] == "miss", "p99_ms"].median()),
+        "cache_evictions": eviction.evictions,
+        "cache_first_evicted": eviction.first_evicted,
+        "ensemble_rounds": summarize_rounds(pd.concat([one, two])).to_dict("records"),
+        "ask_same_answer": bool(asked["text"].nunique() == 1),
+        "ask_ttft_s": asked.groupby("way", sort=False)["ttft_s"].median().to_dict(),
+        "ask_total_s": asked.groupby("way", sort=False)["total_s"].median().to_dict(),
+        "run_dir": str(run_dir),
+    }
+    result["targets"] = targets(result)
+    return result
+
+
+def targets(result: dict) -> dict:
+    """Each of the issue's targets: its measurement and whether it was met."""
+    hit, miss = result["cache_hit_p50_ms"], result["cache_miss_p50_ms"]
+    return {
+        "cache_hit_p50_at_most_0.1x_miss_p50": {
+            "measured": hit / miss if miss else None,
+            "met": bool(miss and hit <= 0.1 * miss),
+        },
+        "ensemble_max_abs_diff_at_most_1e-5": {
+            "measured": result["ensemble_max_abs_diff"],
+            "met": result["ensemble_max_abs_diff"] <= 1e-5,
+        },
+        "ask_answer_equals_client_pipeline": {
+            "measured": result["ask_same_answer"],
+            "met": bool(result["ask_same_answer"]),
+        },
+        "cache_evicts_past_its_size": {
+            "measured": result["cache_evictions"],
+            "met": result["cache_evictions"] > 0 and result["cache_first_evicted"],
+        },
+    }
+
+
+def table(result: dict) -> str:
+    """The benchmark's result as text: the ensemble's rounds, then each target."""
+    rounds = pd.DataFrame(result["ensemble_rounds"])
+    lines = [rounds.round(2).to_string(index=False), ""]
+    for name, target in result["targets"].items():
+        lines.append(f"{name}: measured {target['measured']}, met: {target['met']}")
+    return "\n".join(lines)

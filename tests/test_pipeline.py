@@ -276,7 +276,14 @@ def lesson_inputs():
 
 
 def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
-    conclusion = lesson.pipeline_conclusion(*lesson_inputs())
+    asked = pd.DataFrame(
+        [
+            {"round": 1, "way": way, "ttft_s": 0.2, "total_s": 1.0, "text": " It answers."}
+            for way in ("ask (BLS, one request)", "the same steps from the client")
+        ]
+    )
+    conclusion = lesson.pipeline_conclusion(*lesson_inputs(), asked=asked)
+    assert conclusion.table.iloc[-1]["measured"] == "the same"
     assert len(conclusion.figures) <= 6
     assert sentence_count(conclusion.takeaway) <= 3
     shown = conclusion.text + str(conclusion.takeaway) + conclusion.table.to_string()
@@ -298,3 +305,44 @@ def test_an_eviction_reads_in_words():
     said = str(lesson_inputs()[4])
     assert said.startswith("43 requests offered 2048 KiB of answers to a cache of 1024 KiB")
     assert "a miss: it had been evicted" in said
+
+
+def test_the_ask_rounds_read_in_words_and_say_whether_the_answers_agree():
+    frame = pd.DataFrame(
+        [
+            {"round": r, "way": w, "ttft_s": t, "total_s": 2.0, "text": " It answers."}
+            for r in (1, 2)
+            for w, t in (("ask (BLS, one request)", 0.30), ("the same steps from the client", 0.31))
+        ]
+    )
+    said = lesson.ask_summary(frame)
+    assert said.startswith("All 4 answers were the same greedy text: 'It answers.'")
+    assert "0.30 s through ask and 0.31 s from the client (within the noise)" in said
+    table = lesson.ask_table(frame)
+    assert list(table.columns) == ["round", "way", "first piece after (s)", "whole answer (s)"]
+    differing = frame.assign(text=["a", "b", "a", "a"])
+    assert "The answers differed (2 texts)" in lesson.ask_summary(differing)
+
+
+def test_the_benchmarks_targets_are_judged_from_its_figures():
+    result = {
+        "cache_hit_p50_ms": 0.1,
+        "cache_miss_p50_ms": 20.0,
+        "ensemble_max_abs_diff": 2e-7,
+        "ask_same_answer": True,
+        "cache_evictions": 80,
+        "cache_first_evicted": True,
+    }
+    judged = pipeline.targets(result)
+    assert all(t["met"] for t in judged.values())
+    assert judged["cache_hit_p50_at_most_0.1x_miss_p50"]["measured"] == pytest.approx(0.005)
+    slow_hit = pipeline.targets({**result, "cache_hit_p50_ms": 3.0})
+    assert not slow_hit["cache_hit_p50_at_most_0.1x_miss_p50"]["met"]
+    assert not pipeline.targets({**result, "ensemble_max_abs_diff": 1e-3})[
+        "ensemble_max_abs_diff_at_most_1e-5"
+    ]["met"]
+
+
+def test_labkit_bench_pipeline_takes_its_settings():
+    args = build_parser().parse_args(["bench", "pipeline", "--cache-mib", "2", "--json", "f.json"])
+    assert (args.cache_mib, args.rounds, args.json) == (2, 2, "f.json")

@@ -1,4 +1,4 @@
-"""``labkit bench batching | inflight | inflight-soak | soak``: benchmarks that write their figures
+"""``labkit bench batching | inflight | inflight-soak | soak | pipeline``: benchmarks that write their figures
 (JSON and a table)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from labkit import bench, llm_serving, soak
+from labkit import bench, llm_serving, pipeline, soak
 from labkit.runs import run_folder
 
 
@@ -42,6 +42,17 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.set_defaults(handler=_cli_soak)
+    p = kinds.add_parser(
+        "pipeline",
+        help="MiniLM as an ensemble against one model, the response cache, and ask (BLS)",
+    )
+    p.add_argument("--model-repository", default=None, help="source model repository")
+    p.add_argument("--cache-mib", type=int, default=1, help="the response cache's size in MiB")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of each comparison, in turns")
+    p.add_argument("--request-count", type=int, default=30, help="requests per window")
+    p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(handler=_cli_pipeline)
 
 
 def _cli_batching(args) -> int:
@@ -60,6 +71,21 @@ def _cli_batching(args) -> int:
     _also_write(args.json, result)
     print(f"run folder: {run_dir}")
     return 0
+
+
+def _cli_pipeline(args) -> int:
+    run_dir = run_folder(args.run_dir, notebook="bench-pipeline")
+    result = pipeline.benchmark(
+        run_dir,
+        cache_mib=args.cache_mib,
+        rounds=args.rounds,
+        request_count=args.request_count,
+        source=args.model_repository,
+    )
+    print(pipeline.table(result))
+    _also_write(args.json, result)
+    print(f"run folder: {run_dir}")
+    return 0 if all(t["met"] for t in result["targets"].values()) else 1
 
 
 def _cli_soak(args) -> int:

@@ -123,6 +123,42 @@ def _verdict(ratio: float, spread: float) -> str:
     return "a gain" if ratio > 1.0 else "a loss"
 
 
+def ask_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """:func:`labkit.pipeline.ask_rounds` in words: one row per answer."""
+    return pd.DataFrame(
+        {
+            "round": frame["round"].astype(int),
+            "way": frame["way"],
+            "first piece after (s)": frame["ttft_s"].map("{:.2f}".format),
+            "whole answer (s)": frame["total_s"].map("{:.2f}".format),
+        }
+    )
+
+
+def ask_summary(frame: pd.DataFrame) -> str:
+    """Whether both ways gave one answer, and what each took (medians over the rounds)."""
+    ways = list(dict.fromkeys(frame["way"]))
+    texts = set(frame["text"])
+    same = (
+        f"All {len(frame)} answers were the same greedy text: {next(iter(texts)).strip()!r}."
+        if len(texts) == 1
+        else f"The answers differed ({len(texts)} texts): greedy decoding should give one."
+    )
+    medians = frame.groupby("way", sort=False)[["ttft_s", "total_s"]].median()
+    inside, outside = medians.loc[ways[0]], medians.loc[ways[1]]
+    ratio = outside["ttft_s"] / inside["ttft_s"] if inside["ttft_s"] else math.nan
+    verdict = _verdict(ratio, _spread(list(frame["ttft_s"])) if len(frame) > 2 else 0.0)
+    return (
+        f"{same} The first piece came after {inside['ttft_s']:.2f} s through ask and "
+        f"{outside['ttft_s']:.2f} s from the client ({verdict}); the whole answer took "
+        f"{inside['total_s']:.2f} s and {outside['total_s']:.2f} s. Both ran the same models on "
+        "the same cores: what ask saves is the client's round trip to embed the question, about "
+        "a tenth of a millisecond on this machine's loopback (what a cache hit took above), far "
+        "less than generating the answer. Across a network each round trip costs the network's "
+        "latency, and ask saves it."
+    )
+
+
 def pipeline_conclusion(
     agreement,
     one_instance: pd.DataFrame,
@@ -131,13 +167,14 @@ def pipeline_conclusion(
     eviction,
     *,
     concurrency: Sequence[int] = (1, 8),
+    asked: pd.DataFrame | None = None,
 ) -> Conclusion:
     """The lesson's words, figures (six at most) and three-sentence takeaway.
 
     ``agreement``: :func:`labkit.pipeline.compare_embeddings`; ``one_instance`` and
     ``two_instances``: :func:`labkit.pipeline.ensemble_rounds` with one and two encoder
     instances; ``hits``: :func:`labkit.pipeline.hit_and_miss_rounds`; ``eviction``:
-    :func:`labkit.pipeline.fill_cache`."""
+    :func:`labkit.pipeline.fill_cache`; ``asked``, if given: :func:`labkit.pipeline.ask_rounds`."""
     low, high = min(concurrency), max(concurrency)
     cost = {c: compare_rounds(one_instance, "minilm_pipeline", "minilm", c) for c in (low, high)}
     instances = compare_instances(one_instance, two_instances, high)
@@ -155,6 +192,7 @@ def pipeline_conclusion(
             _row(f"2 encoder instances against 1, {high} clients", _said(*instances), "no target"),
             _row("repeated text p50, cached (ms)", f"{hit_p50:.2f} against {miss_p50:.1f} for a new text", "at most a tenth"),
             _row("answers evicted when filled past its size", f"{eviction.evictions}", "at least one"),
+            *([_row("ask's answer against the client's steps", _agree(asked), "the same greedy answer")] if asked is not None else []),
         ]
     )  # fmt: skip
     if instances[1] == "a gain":
@@ -181,6 +219,7 @@ def pipeline_conclusion(
             "model. Filling the cache with about twice its size in answers evicted "
             f"{eviction.evictions} of them, and it held {eviction.util:.0%} of its "
             f"{eviction.cache_bytes // 1024} KiB at the end.",
+            *([_ask_brief(asked)] if asked is not None else []),
         ]
     )
     takeaway = (
@@ -202,6 +241,20 @@ def pipeline_conclusion(
         "cache_miss_p50_ms": miss_p50,
     }
     return Conclusion(table=table, figures=figures, text=text, takeaway=takeaway)
+
+
+def _agree(asked: pd.DataFrame) -> str:
+    return "the same" if asked["text"].nunique() == 1 else "different"
+
+
+def _ask_brief(asked: pd.DataFrame) -> str:
+    medians = asked.groupby("way", sort=False)["ttft_s"].median()
+    inside, outside = medians.iloc[0], medians.iloc[1]
+    return (
+        f"Retrieve, then generate: ask (one request, BLS) and the same steps from the client gave "
+        f"{'the same' if _agree(asked) == 'the same' else 'different'} greedy answers, the first "
+        f"piece after {inside:.2f} s and {outside:.2f} s."
+    )
 
 
 def _why_cost(verdict: str) -> str:
