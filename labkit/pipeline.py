@@ -303,7 +303,7 @@ def ensemble_rounds(
                 measurement_request_count=request_count,
                 stability_percentage=None,
                 run_dir=folder / "perf" if folder else None,
-                label=f"{model} {label} round {number}".strip(),
+                label=" ".join(part for part in (model, label, f"round {number}") if part),
                 timeout_s=timeout_s,
                 progress=False,
             )
