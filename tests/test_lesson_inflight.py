@@ -76,7 +76,10 @@ def test_the_benchmarks_lead_stands_beside_this_runs_with_its_provenance():
     assert (
         f"`labkit bench inflight` on {BENCH.date} (8 clients, 32 requests of 4 to 64 tokens" in text
     )
-    assert "load average 0.4) measured the in-flight model at 61.2 output tokens/s" in text
+    assert (
+        "load average 0.4 at its start) measured the in-flight model at 61.2 output tokens/s"
+        in text
+    )
     assert "vLLM in Triton at 105.8: 1.73x, the lead this run measured too." in text
 
 

@@ -313,7 +313,8 @@ def _benchmark_words(b: Benchmark, lead: Ratio, said: str, comparison: Compariso
     load = comparison.load_average[0][0] if comparison.load_average else None
     here = f" (load average {load:.1f} at this run's start)" if load is not None else ""
     words = (
-        f"`labkit bench inflight` on {b.date} ({b.shape()}, load average {b.load_average[0]:.1f}) "
+        f"`labkit bench inflight` on {b.date} ({b.shape()}; load average "
+        f"{b.load_average[0]:.1f} at its start) "
         f"measured the in-flight model at {b.output_tokens_per_s['inflight']:.1f} output tokens/s "
         f"and vLLM in Triton at {b.output_tokens_per_s['vllm']:.1f}: {b.vllm_lead:.2f}x"
     )

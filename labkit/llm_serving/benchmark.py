@@ -23,19 +23,23 @@ from pathlib import Path
 
 from labkit.errors import ConfigError
 
-#: ``labkit bench inflight``, measured on this project's 2-core CPU host (see the module's doc).
+#: ``labkit bench inflight``, measured on this project's 2-core CPU host (see the module's doc). The
+#: host was shared (the load average rose to 5.6 by the end): the servers are measured one after
+#: the other, so vLLM's own server, measured last, carries that drift; the lesson reads only the
+#: in-flight model's and vLLM in Triton's figures. An earlier run the same day, at load average
+#: 4.5, measured 39.6 and 65.4 output tokens/s (1.65x).
 MEASURED = {
     "date": "2026-12-04",
-    "commit": "cbc480d",
+    "commit": "631d06f",
     "command": "labkit bench inflight --scheduler inflight,vllm --workload mixed --concurrency 8 "
     "--clients stream --no-precision",
     "clients": 8,
     "requests": 32,
     "tokens": [4, 64],
     "cores": "server on core 0, AIPerf on core 1",
-    "load_average": [4.49, 4.17, 2.08],
-    "output_tokens_per_s": {"inflight": 39.553, "vllm": 65.436, "vllm-standalone": 75.326},
-    "itl_p50_ms": {"inflight": 190.061, "vllm": 111.386, "vllm-standalone": 93.148},
+    "load_average": [1.86, 5.04, 7.52],
+    "output_tokens_per_s": {"inflight": 39.631, "vllm": 78.401, "vllm-standalone": 40.832},
+    "itl_p50_ms": {"inflight": 189.947, "vllm": 91.239, "vllm-standalone": 175.218},
 }
 
 
