@@ -2,9 +2,10 @@
 
 The search measures each configuration once. :func:`search_findings` says what it found, with the
 mechanism that explains it: a max batch size at or above the number of clients cannot matter, and
-an extra instance on a CPU gains only where the thread budget leaves a core idle and one instance
-does not already batch (:func:`~labkit.lessons.instances.predict_instances`, the explanation
-notebook 07 gives too). :func:`confirm_winner` reads the rounds in which the default and the
+an extra instance on a CPU gains only where the thread budget leaves a core idle
+(:func:`~labkit.lessons.instances.predict_instances`, the explanation notebook 07 gives too) and
+that core is really idle: the time of one execution, with more instances against one, says
+whether each instance had a core of its own. :func:`confirm_winner` reads the rounds in which the default and the
 search's best-ranked configuration of each instance count were measured again, in turns
 (:func:`labkit.profiling.analyzer.measure_rounds`), and gives one verdict per configuration: a
 gain or a loss only when every round agrees beyond :data:`NOISE_FLOOR`, else a tie. Its words
@@ -98,6 +99,18 @@ def search_findings(
                 cores=cores or os.cpu_count() or 1,
                 batch=max(float(default["avg_batch_size"]), 1.0),
             ).text
+        )
+    more = search[search["instances"] > int(default["instances"])]
+    if not more.empty:
+        best = more.iloc[0]  # the best-ranked: Model Analyzer's own order
+        said.append(
+            _cores_evidence(
+                int(best["instances"]),
+                int(default["instances"]),
+                float(best["compute_infer_ms"]),
+                float(default["compute_infer_ms"]),
+                f"in the search ({best['config']})",
+            )
         )
     winner = search.iloc[0]
     if winner["is_default"]:
@@ -267,21 +280,58 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
         )
         said += f" {predicted.text}"
     mine_ms, base_ms = (_median(rounds, n, "compute_infer_ms") for n in (name, default))
-    shared = k > k_default and mine_ms > base_ms * (1 + NOISE_FLOOR)
-    said += (
-        f" Measured: one execution took {mine_ms:.0f} ms with {k} instances against "
-        f"{base_ms:.0f} ms with {k_default}, for {_median(rounds, name, 'avg_batch_size'):.1f} "
-        f"requests against {batch:.1f}"
-        + (": the instances' threads shared the cores, not one core each." if shared else ".")
-    )
+    said += " " + _cores_evidence(k, k_default, mine_ms, base_ms, "in the rounds")
+    searched = [float(by.loc[n, "compute_infer_ms"]) for n in (name, default)]
+    shared_now = mine_ms > base_ms * (1 + NOISE_FLOOR)
+    shared_then = searched[0] > searched[1] * (1 + NOISE_FLOOR)
+    if k > k_default and shared_now != shared_then:
+        lead = Ratio.between(by.loc[name, "throughput"], by.loc[default, "throughput"], "infer/s")
+        said += (
+            f" In the search it was the other way ({searched[0]:.0f} against {searched[1]:.0f} "
+            f"ms, {lead}): the second core was "
+            + (
+                "free then and busy during the rounds"
+                if shared_now
+                else "busy then and free during the rounds"
+            )
+            + ", so more instances gain only where a core is really idle."
+        )
     verb = {"gain": "gained", "tie": "tied", "loss": "lost"}[result]
-    short = f"{_COUNT.get(k, k)} instances {verb} ({ratio})" + (
-        f": one instance already ran {batch:.1f} requests per execution, so a second only split "
-        "its batches on the same cores."
-        if result != "gain" and batch >= 1.5
-        else "."
-    )
+    slower = mine_ms / base_ms if base_ms else float("nan")
+    if k > k_default and slower > 1 + NOISE_FLOOR:
+        why = (
+            f": their executions took x{slower:.2f} as long as one instance's, so they shared the "
+            "cores instead of each having one"
+        )
+    elif k > k_default and slower == slower:
+        why = (
+            ": each ran its executions about as fast as one instance, on a core of its own, "
+            "with fewer requests in each"
+        )
+    else:
+        why = ""
+    short = f"{_COUNT.get(k, k)} instances {verb} ({ratio}){why}."
     return said, short, label
+
+
+def _cores_evidence(k: int, k_default: int, mine_ms: float, base_ms: float, where: str) -> str:
+    """Whether more instances each had a core: the time of one execution, theirs against one
+    instance's. As long as one instance's, each had a core of its own (and the throughput follows
+    the executions they run side by side); much longer, their threads took turns on shared cores
+    (other work on the host, the client, each other)."""
+    shared = k > k_default and mine_ms > base_ms * (1 + NOISE_FLOOR)
+    said = (
+        f"Measured {where}: one execution took {mine_ms:.0f} ms with {k} instances against "
+        f"{base_ms:.0f} ms with {k_default}"
+    )
+    if k <= k_default or mine_ms != mine_ms or base_ms != base_ms:
+        return said + "."
+    if shared:
+        return said + ": the instances' threads shared the cores, not one core each."
+    return (
+        said + ": each instance had a core of its own, and ran its smaller batches about as fast "
+        "as one instance ran its larger ones."
+    )
 
 
 def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
@@ -309,8 +359,7 @@ def _drift(base: dict[int, float]) -> str:
     low, high = min(base.values()), max(base.values())
     if high <= low * (1 + 2 * NOISE_FLOOR):
         return (
-            f"The default itself stayed within {low:.2f} to {high:.2f} infer/s across the rounds: "
-            "a quiet host."
+            f"The default itself stayed within {low:.2f} to {high:.2f} infer/s across the rounds."
         )
     return (
         f"The default itself ranged from {low:.2f} to {high:.2f} infer/s across the rounds "
