@@ -238,7 +238,7 @@ def fill_cache(
     first = [sentences(batch, salt=f"fill {salt} {i}") for i in range(count)]
     for texts in first:
         embedding.served_embed(server, texts, model=model)
-    filled = profiling.cache_totals(server)
+    filled = settled_totals(server, lookups=before.get("lookups", 0) + count)
     metrics_before = profiling.cache_metrics(server)
     embedding.served_embed(server, first[0], model=model)
     again = _row(profiling.cache_metrics(server, since=metrics_before), model)
@@ -251,6 +251,20 @@ def fill_cache(
         util=float(filled.get("util", 0.0)),
         first_evicted=bool(again.get("misses", 0) >= 1),
     )
+
+
+def settled_totals(server: TritonServer, *, lookups: float, timeout_s: float = 15.0) -> dict:
+    """:func:`labkit.profiling.cache_totals` once they count ``lookups`` lookups or more.
+
+    The whole cache's gauges (entries, util, evictions...) are refreshed on Triton's metrics
+    interval (2 s by default), not at each request as the per-model counters are: read at once
+    after a burst of requests, they can still show the cache as it was before it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        totals = profiling.cache_totals(server)
+        if totals.get("lookups", 0) >= lookups or time.monotonic() > deadline:
+            return totals
+        time.sleep(0.2)
 
 
 def cache_table(server: TritonServer | str, since: pd.DataFrame | None = None) -> pd.DataFrame:

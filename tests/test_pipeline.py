@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import released_together
+from conftest import released_together, wait_for
 from labkit import embedding, pipeline, profiling, streaming
 from labkit.cli import build_parser
 from labkit.errors import InferenceError, ServerError
@@ -184,7 +184,12 @@ def test_the_encoder_step_batches_texts_of_different_lengths_together(server):
         lambda text: embedding.served_embed(server, [text], model=pipeline.PIPELINE), texts
     )
     np.testing.assert_allclose(np.concatenate(vectors), embedding.embed(texts), atol=1e-5, rtol=0)
-    counts = profiling.metrics(server, since=before).set_index("model").loc[pipeline.ENCODER]
+
+    def encoded():  # a step's counters move when it releases the request, after the answer left
+        counts = profiling.metrics(server, since=before).set_index("model").loc[pipeline.ENCODER]
+        return counts.to_dict() if counts["inference_count"] >= len(texts) else None
+
+    counts = wait_for(encoded, 30, f"the encoder step counting {len(texts)} texts")
     assert counts["inference_count"] == len(texts)
 
 
