@@ -11,8 +11,8 @@ leaves idle, and only where that one instance cannot already use it. Two things 
   second instance then splits those batches in two and its threads take turns with the client's
   on the same cores.
 
-04 searches a batching model (two instances lose), 07 measures a model that does not batch (two
-instances gain): :func:`predict_instances` says which to expect from the same three numbers in both.
+04 searches a batching model (two instances gain less than 2x on a free host, and lose where
+other work takes the second core), 07 measures a model that does not batch (two instances gain): :func:`predict_instances` says which to expect from the same three numbers in both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class InstancePrediction:
     busy_one: int  # cores one instance can keep busy
     busy_many: int  # cores ``instances`` instances can keep busy
     batch: float  # requests per execution with one instance (1: no batching)
-    expect: str  # "gain" or "no gain"
+    expect: str  # "gain", "smaller gain" (a batching instance) or "no gain"
     text: str
 
     def __str__(self) -> str:
@@ -60,10 +60,11 @@ def predict_instances(
     elif batch >= 1.5:
         why = (
             f"But one instance already runs {batch:.1f} requests per execution, so a second "
-            "only splits its batches, and its threads take turns with the client's on the same "
-            "cores: expect no gain, or a loss."
+            "splits those batches: it gains only while that core is really free, and less than "
+            f"{busy_many / busy_one:.0f}x, as each execution then serves fewer requests; where "
+            "other work takes the core, it loses."
         )
-        expect = "no gain"
+        expect = "smaller gain"
     else:
         why = (
             "One instance runs one request at a time and leaves a core idle; a second puts that "

@@ -234,6 +234,11 @@ def _instances_line(
             f"{said}, {where}, where up to x{predicted.busy_many / predicted.busy_one:.0f} was "
             f"predicted: {why}"
         )
+    if measured == "gain" and predicted.expect == "smaller gain":
+        return (
+            f"{said}, beyond the noise: the second core was free, so splitting the batches "
+            "still paid."
+        )
     if measured == "gain":
         return (
             f"{said}, beyond the noise, where no gain was predicted: measuring again tells "
