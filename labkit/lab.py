@@ -155,7 +155,8 @@ def record(run_dir: str | os.PathLike, **figures: object) -> dict:
         if isinstance(value, float):
             value = float(f"{value:.4g}")
         recorded[name] = value
-    text = json.dumps(recorded, indent=2, sort_keys=True)  # refuses what JSON cannot hold
+    # In the order the notebook recorded them, its headline first: the index shows them so.
+    text = json.dumps(recorded, indent=2)  # refuses what JSON cannot hold
     path.write_text(text + "\n", encoding="utf-8")
     return recorded
 

@@ -92,7 +92,7 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
         "clients never exceed either.",
         "Two instances lost (x0.63 infer/s): their executions took x2.06 as long as one "
         "instance's, so they shared the cores instead of each having one.",
-        "Model Analyzer named w (max batch size 8 -> 4) from one measurement of each "
+        "Model Analyzer picked max batch size 8 -> 4 from one measurement of each "
         "configuration (configurations that cannot differ here measured up to x1.07 apart), so "
         "measure a search's winner again, in turns, before you deploy it.",
     )
@@ -110,7 +110,7 @@ def test_the_words_follow_the_settings_not_which_configuration_model_analyzer_ra
     second = lessons.confirm_winner(rounds, table.assign(rank=[1, 2, 3]), "two", threads=1, cores=2)
     assert first.takeaway[:2] == second.takeaway[:2]
     assert first.figures["verdicts"] == second.figures["verdicts"]
-    assert second.takeaway[2].startswith("Model Analyzer named two (2 instances)")
+    assert second.takeaway[2].startswith("Model Analyzer picked 2 instances")
     assert "two (2 instances), Model Analyzer's winner, gave x0.62 infer/s" in second.text
 
 
@@ -170,7 +170,7 @@ def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():
     rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
     conclusion = lessons.confirm_winner(rounds, search(twin=9.0), "twin", threads=1, cores=2)
     assert conclusion.takeaway[2].startswith(
-        "Model Analyzer named twin, which has the default's own settings, from one measurement"
+        "Model Analyzer picked a configuration with the default's own settings from one measurement"
     )
     assert conclusion.figures["winner"] == "twin"
 
@@ -222,4 +222,5 @@ def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_pa
     assert recorded["winner_vs_default"] == {"ratio": 1.82, "of": "infer/s"}
     assert figure_text(recorded["winner_vs_default"]) == str(gain)
     assert figure_text(3) == "3"
+    assert [figure_text(v) for v in (0.08351, 14.354, 3.576e-06)] == ["0.0835", "14.4", "3.58e-06"]
     assert math.isnan(Ratio.between(1.0, 0.0, "infer/s").value)

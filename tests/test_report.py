@@ -214,3 +214,14 @@ def test_a_page_with_a_plot_and_a_widget_renders_in_a_browser_that_has_no_networ
             browser.close()
     assert fetched == [] and errors == []
     assert "hello" in transcript and "offline-answer" in transcript
+
+
+def test_figures_keep_the_order_the_notebook_recorded_them_in(tmp_path):
+    import json
+
+    from labkit import lab
+
+    lab.record(tmp_path, zeta_headline=1.0, alpha_detail=2)
+    lab.record(tmp_path, beta_later=3)
+    recorded = json.loads((tmp_path / "figures.json").read_text())
+    assert list(recorded) == ["zeta_headline", "alpha_detail", "beta_later"]

@@ -118,7 +118,7 @@ def test_analyzer_takeaway_gives_a_verdict_per_setting_and_the_pick(winner_runs,
     takeaway = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2).takeaway
     assert takeaway[0].startswith(said)
     assert takeaway[1].startswith("Two instances lost")
-    assert takeaway[2].startswith("Model Analyzer named w (max batch size 8 -> 4) from one")
+    assert takeaway[2].startswith("Model Analyzer picked max batch size 8 -> 4 from one")
     assert sentence_count(takeaway) == 3
 
 

@@ -339,9 +339,9 @@ def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
     if bool(by.loc[winner, "is_default"]):
         named = "Model Analyzer ranked the default first"
     elif by.loc[winner, "change"] == "none":
-        named = f"Model Analyzer named {winner}, which has the default's own settings,"
+        named = "Model Analyzer picked a configuration with the default's own settings"
     else:
-        named = f"Model Analyzer named {winner} ({by.loc[winner, 'change']})"
+        named = f"Model Analyzer picked {by.loc[winner, 'change']}"
     apart = (
         f" (configurations that cannot differ here measured up to x{noise:.2f} apart)"
         if noise is not None

@@ -39,9 +39,12 @@ class Ratio:
 
 
 def figure_text(value: object) -> str:
-    """How a recorded figure reads: a ratio as ``x1.82 infer/s``, anything else as itself."""
+    """How a recorded figure reads: a ratio as ``x1.82 infer/s``, a float to three significant
+    digits, anything else as itself."""
     if isinstance(value, dict) and set(value) == {"ratio", "of"}:
         return str(Ratio(value["ratio"], value["of"]))
+    if isinstance(value, float):  # three significant digits: 0.0835, 14.4, 3.58e-06
+        return f"{value:.3g}"
     return str(value)
 
 

@@ -222,7 +222,8 @@ def _lead_takeaway(m: dict, lead: Ratio, said: str, clients, benchmark) -> str:
             f"{clients} clients), as its engine took {vllm:.0f} ms a step against {own:.0f} ms."
         )
     bench = (
-        f"; `labkit bench inflight` measured vLLM {benchmark.vllm_lead:.2f}x ahead"
+        f"; the lab's full benchmark, shipped with it, measured vLLM {benchmark.vllm_lead:.2f}x "
+        "ahead"
         if benchmark is not None
         else ""
     )
