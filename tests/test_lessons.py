@@ -172,7 +172,7 @@ def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():
     assert conclusion.takeaway[2].startswith(
         "Model Analyzer picked a configuration with the default's own settings from one measurement"
     )
-    assert conclusion.figures["winner"] == "twin"
+    assert conclusion.figures["Model Analyzer's pick"] == "the default's settings"
 
 
 def test_a_search_that_kept_the_default_says_so():

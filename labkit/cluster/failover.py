@@ -375,17 +375,20 @@ def figure(result: FailoverResult, bin_s: float = 0.25):
             x=failed.index, y=failed.values, name="failed", marker_color="crimson", width=bin_s
         )
     f = result.figures
-    for at, label, dash in [
-        (0.0, "kill", "solid"),
-        (f["s_to_leave_pool"], "out of the pool", "dash"),
-        (f["s_to_rejoin_pool"], "back in the pool", "dot"),
+    # The kill and the exit from the pool are often a fraction of a second apart: their labels
+    # go on either side of their lines, so that they never print over each other.
+    for at, label, dash, side in [
+        (0.0, "kill", "solid", "top left"),
+        (f["s_to_leave_pool"], "out of the pool", "dash", "top right"),
+        (f["s_to_rejoin_pool"], "back in the pool", "dot", "top right"),
     ]:
-        fig.add_vline(x=at, line_dash=dash, annotation_text=label, annotation_position="top")
+        fig.add_vline(x=at, line_dash=dash, annotation_text=label, annotation_position=side)
     fig.update_layout(
         barmode="stack",
         title=f"{f['fault']}: {f['failed']} of {f['requests']} requests failed",
         xaxis_title="seconds since the kill",
         yaxis_title=f"requests per {bin_s:g} s",
+        yaxis={"dtick": 1, "rangemode": "tozero"},  # whole requests: ticks at 0, 1, 2...
         legend_title="",
     )
     return fig

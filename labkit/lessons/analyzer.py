@@ -198,7 +198,10 @@ def confirm_winner(
         )
     batch = _median(rounds, default, "avg_batch_size")
     text, takeaway = [], []
-    figures: dict = {"winner": winner}
+    change = by.loc[winner, "change"]
+    figures: dict = {
+        "Model Analyzer's pick": "the default's settings" if change == "none" else str(change)
+    }
     verdicts = {}
     for name in measured:
         if name == default:

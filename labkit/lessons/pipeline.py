@@ -225,7 +225,7 @@ def pipeline_conclusion(
     takeaway = (
         f"A repeated request came from Triton's response cache in {hit_p50:.2f} ms against "
         f"{miss_p50:.0f} ms for a new one, and the cache stayed within its size by evicting "
-        "the oldest answers.",
+        "the least recently used answers.",
         "The ensemble of a tokenizer step and an encoder step gave the single model's "
         f"embeddings, and with {high} clients served {cost[high][0]} against it "
         f"({cost[high][1]}).",
