@@ -185,3 +185,16 @@ def test_the_labkit_command_runs_in_the_kernels_python_and_names_its_failure():
 
 def test_a_takeaway_reads_as_numbered_lines_in_text():
     assert repr(Takeaway(("a", "b"))) == "Takeaway:\n1. a\n2. b"
+
+
+def test_notebook_02s_takeaway_answers_its_question_first_what_fits_and_what_changed_live():
+    import pandas as pd
+
+    from labkit.lessons import Conclusion
+
+    words = Conclusion(pd.DataFrame(), {"question": "q", "winner": "w", "winner_score": 0.4})
+    meaning = Conclusion(pd.DataFrame(), {"question": "r", "winner": "m", "winner_score": 0.5})
+    said = lessons.multi_model_takeaway(["a", "b"], [words, meaning], live=("b", "a"))
+    assert said.lines[1].startswith("b was unloaded and loaded again, and a's configuration")
+    assert said.lines[2].startswith('Asked "r", the search ranked "m" first')
+    assert len(said.lines) == 3

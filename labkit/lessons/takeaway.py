@@ -160,13 +160,17 @@ def multi_model_takeaway(
     *,
     measured_gib: float | None = None,
     estimated_gib: float | None = None,
+    live: tuple[str, str] | None = None,
 ) -> Takeaway:
-    """Notebook 02: how many models one server held (and in how much memory), and what each
-    semantic search showed: a passage found by meaning, or one that shares a word.
+    """Notebook 02: how many models one server held (and in how much memory), what changed
+    while it served, and what each semantic search showed: a passage found by meaning, or one
+    that shares a word.
 
-    ``searches`` are :func:`labkit.lessons.search_conclusion` results (at most two are kept);
-    ``measured_gib`` and ``estimated_gib`` are the models' resident memory together and the
-    plan's estimate (:meth:`labkit.capacity.Plan.compare`).
+    ``searches`` are :func:`labkit.lessons.search_conclusion` results (at most two are kept, one
+    when ``live`` is given: the notebook's question is what fits and what can change, so those
+    come first); ``measured_gib`` and ``estimated_gib`` are the models' resident memory together
+    and the plan's estimate (:meth:`labkit.capacity.Plan.compare`); ``live`` names the model
+    unloaded and reloaded and the one whose configuration was edited and reloaded.
     """
     if not served:
         raise ConfigError("multi_model_takeaway() needs the models the server held")
@@ -177,7 +181,13 @@ def multi_model_takeaway(
     )
     held = f"{len(served)} model{'s' if len(served) != 1 else ''} ({_names(served)})"
     lines = [f"One server held {held}, each in its own process{memory}."]
-    for search in searches[: MAX_LINES - 1]:
+    if live is not None:
+        unloaded, edited = live
+        lines.append(
+            f"{unloaded} was unloaded and loaded again, and {edited}'s configuration edited and "
+            "reloaded, without restarting the server or the other models."
+        )
+    for search in searches[len(lines) - MAX_LINES :]:
         f = search.figures
         asked = f'Asked "{f["question"]}", the search' if f.get("question") else "The search"
         lead = f", {f['margin']:.3f} ahead of the next" if "margin" in f else ""
