@@ -74,7 +74,8 @@ def test_a_lead_in_every_round_is_called_and_explained_by_the_step():
 def test_the_benchmarks_lead_stands_beside_this_runs_with_its_provenance():
     text = lessons.inflight_conclusion(full(), BENCH).text
     assert (
-        f"`labkit bench inflight` on {BENCH.date} (8 clients, 32 requests of 4 to 64 tokens" in text
+        f"The lab's full benchmark (labkit bench inflight) on {BENCH.date} (8 clients, 32 requests of 4 to 64 tokens"
+        in text
     )
     assert (
         "load average 0.4 at its start) measured the in-flight model at 61.2 output tokens/s"
@@ -104,8 +105,23 @@ def test_at_the_notebooks_defaults_the_conclusion_states_vllms_lead_or_the_bench
         assert shipped.date in c.text and f"load average {shipped.load_average[0]:.1f}" in c.text
 
 
-def test_a_lead_that_one_round_does_not_show_is_within_the_noise_and_points_to_the_benchmark():
+def test_a_lead_in_tokens_that_moves_with_the_host_is_read_from_the_engines_step():
+    # Round 2 lost vLLM's tokens/s (the client stalled), not its step: the step decides.
     conclusion = lessons.inflight_conclusion(full(vllm=(104.0, 62.0)), BENCH)
+    assert "moved with the host between rounds (1.07x to 1.73x over 2 rounds)" in conclusion.text
+    assert "was shorter in every round" in conclusion.text
+    first = conclusion.takeaway[0]
+    assert first.startswith("vLLM's engine took 74 ms a step against 131 ms for the lab's")
+    assert "in every round, for 1.41x its output tokens/s here" in first
+    assert "measured vLLM 1.73x ahead" in first
+
+
+def test_a_lead_that_one_round_does_not_show_is_within_the_noise_and_points_to_the_benchmark():
+    measured = full(vllm=(104.0, 62.0))
+    for r in measured.rows:  # nor does its step: the two engines' steps equal in round 2
+        if r["scheduler"] == "vllm" and r["round"] == 2:
+            r["itl_p50_ms"] = 131.0
+    conclusion = lessons.inflight_conclusion(measured, BENCH)
     assert "a difference this run cannot tell from its noise (1.07x to 1.73x" in conclusion.text
     assert "This run could not show that lead beyond its noise" in conclusion.text
     first = conclusion.takeaway[0]
