@@ -218,10 +218,14 @@ def batching_comparison(
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     tops = {"throughput": 0.0, latency: 0.0}
     _levels_in_order(fig, pd.concat([off, on]))
+    levels = sorted(set(off["concurrency"]) | set(on["concurrency"]))
     for frame, name in ((off, "batching off"), (on, "batching on")):
         colour = KNOWN_COLOURS[name]
         frame = _frame(frame, ["concurrency", "throughput", latency])
         tops = {k: max(v, float(frame[k].max())) for k, v in tops.items()}
+        # A level one side did not measure stays empty: its line breaks there rather than
+        # drawing a value nobody measured.
+        frame = frame.set_index("concurrency").reindex(levels).reset_index()
         x = frame["concurrency"].astype(str)
         fig.add_trace(
             go.Bar(x=x, y=frame["throughput"], name=f"{name}: throughput", marker_color=colour),

@@ -124,3 +124,20 @@ def test_levels_read_in_numeric_order_whichever_configuration_measured_them():
     ):
         assert list(fig.layout.xaxis.categoryarray) == ["1", "4", "8"]
         assert fig.layout.xaxis.title.text == plots.CLIENTS
+
+
+def test_a_level_batching_off_did_not_measure_breaks_its_line_instead_of_bridging_it():
+    import math
+
+    import pandas as pd
+
+    from labkit import plots
+
+    off = pd.DataFrame({"concurrency": [1, 8], "throughput": [1.0, 1.0], "p99_ms": [900, 7000]})
+    on = pd.DataFrame(
+        {"concurrency": [1, 4, 8], "throughput": [1, 3, 6], "p99_ms": [900, 1300, 1400]}
+    )
+    fig = plots.batching_comparison(off, on)
+    line = next(t for t in fig.data if t.name == "batching off: p99 latency")
+    assert list(line.x) == ["1", "4", "8"]
+    assert line.y[0] == 900 and math.isnan(line.y[1]) and line.y[2] == 7000
