@@ -521,6 +521,18 @@ def test_bad_input_gets_smollm2s_status_and_words_and_the_model_keeps_serving(
     assert stubs(server)["smollm2_vllm"] == before  # no stub restarted or died
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_setting_vllm_refuses_gets_a_400_in_vllms_words_not_a_cancel(server, expected, endpoint):
+    # The lab's protocol accepts any temperature >= 0; vLLM 0.32 refuses one above 2. Before,
+    # that refusal escaped the request's task and the client read "cancelled by the client".
+    body = {"text_input": "I am going", "temperature": 5}
+    status, said = post_generate(server, "smollm2_vllm", body, endpoint)
+    assert (status == 400 or endpoint == "generate_stream") and "cancelled" not in said, said
+    assert "vLLM refused the request: temperature must be in [0, 2], got 5" in said, said
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
+
+
 def engine_processes(server: TritonServer) -> tuple[int, list[psutil.Process]]:
     """The stub of smollm2_vllm and the engine processes under it (EngineCore, its worker)."""
     (stub,) = stubs(server)["smollm2_vllm"]

@@ -109,7 +109,9 @@ class VllmEngine:
         self.metrics = metrics
         self.limit = queue_limit(options)
         self.failure: str | None = None
-        self.stats = dict.fromkeys(("answered", "tokens", "cancelled", "busy", "failed"), 0)
+        self.stats = dict.fromkeys(
+            ("answered", "tokens", "cancelled", "busy", "failed", "refused"), 0
+        )
         self._jobs: set[Job] = set()
         self._held = 0  # prompts in the engine or waiting for it
         self._lock = threading.Lock()
@@ -237,7 +239,14 @@ class VllmEngine:
 
     async def _serve(self, job: Job) -> None:
         updates: asyncio.Queue = asyncio.Queue()
-        params = sampling_params(job.prompts.settings)
+        try:
+            params = sampling_params(job.prompts.settings)
+        except Exception as exc:  # noqa: BLE001 (vLLM's validation errors are not ValueErrors)
+            # vLLM refuses what the lab's protocol lets through (a temperature above 2, ...):
+            # the client's mistake, answered as one (400) with vLLM's words, never as a cancel.
+            self.stats["refused"] += 1
+            self._finish(job, error_response(f"vLLM refused the request: {exc}"))
+            return
         rows = [
             asyncio.create_task(self._row(job, i, ids, params, updates))
             for i, ids in enumerate(job.prompts.ids)
