@@ -153,6 +153,34 @@ def test_the_model_outside_its_environment_says_to_run_make_install():
         pass
 
 
+def test_vllm_is_imported_only_after_the_models_environment_is_set():
+    # vLLM reads variables such as VLLM_CPU_KVCACHE_SPACE when it is imported; model.py used to
+    # import the engine (and so vLLM) at its top, before initialize set them from the config.
+    import ast
+
+    tree = ast.parse((MODEL / "1" / "model.py").read_text())
+    top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert "engine" not in top and not any((m or "").split(".")[0] == "vllm" for m in top), top
+    (init,) = [
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef)
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "initialize"
+    ]
+    lines = {
+        "environment": min(
+            n.lineno for n in ast.walk(init) if isinstance(n, ast.Attribute) and n.attr == "update"
+        ),
+        "engine": next(
+            n.lineno
+            for n in ast.walk(init)
+            if isinstance(n, ast.ImportFrom) and n.module == "engine"
+        ),
+    }
+    assert lines["environment"] < lines["engine"], lines
+
+
 # -- EXECUTION_ENV_PATH in a run's repository (no server) ----------------------------------------
 def run_source(tmp_path: Path) -> Path:
     source = tmp_path / "source"

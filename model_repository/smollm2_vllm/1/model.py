@@ -23,7 +23,6 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from .decoupled import FINAL
-from .engine import EngineMetrics, VllmEngine
 from .loading import context_length, end_of_sequence_ids, resolve_source
 from .protocol import (
     ConfigError,
@@ -53,8 +52,11 @@ class TritonPythonModel:
             engine_options = read_engine_options(params)
         except ValueError as exc:
             raise ConfigError(f"model {self.name!r}: {exc}") from None
-        os.environ.update(engine_environment(engine_options))  # read by vLLM when it starts
+        os.environ.update(engine_environment(engine_options))
         os.environ.update(device_environment(params))
+        # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
+        # which imports vLLM, comes in only now that the environment holds them.
+        from .engine import EngineMetrics, VllmEngine  # noqa: PLC0415
         weights, _ = resolve_source(options.huggingface_model, Path(args["model_repository"]))
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
         # smollm2's own readings of the context and the end tokens, from the same files
