@@ -108,17 +108,21 @@ class CrashWatch:
 
 def summary(folder: Path) -> list[str]:
     """The terminal summary's lines: each test that crashed a Triton process, with the count."""
-    counts: dict[tuple[str, str], int] = {}
+    pids: dict[tuple[str, str], set[int]] = {}
     for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
         for line in path.read_text(encoding="utf-8").splitlines():
             crash = json.loads(line)
-            key = (crash["test"], crash["process"])
-            counts[key] = counts.get(key, 0) + 1
-    return [f"{n} x {process} in {test}" for (test, process), n in sorted(counts.items())]
+            # every worker reads the same kernel log: one crash, one pid, counted once per test
+            pids.setdefault((crash["test"], crash["process"]), set()).add(crash["pid"])
+    return [f"{len(p)} x {process} in {test}" for (test, process), p in sorted(pids.items())]
 
 
 def configure(config: pytest.Config) -> None:
     """Register the watch where the kernel log can be read; clear the last run's crashes once."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        for old in (Path(config.rootpath) / CRASH_DIR).glob("*.jsonl"):
+            old.unlink()  # the xdist controller runs no test: it clears the last run, no more
+        return
     try:
         log = KernelLog()
     except OSError:

@@ -28,6 +28,7 @@ def test_the_summary_counts_each_tests_crashes_across_workers(tmp_path):
         {"test": "tests/a.py::t", "worker": "gw0", "process": "triton_python_b", "pid": 1},
         {"test": "tests/a.py::t", "worker": "gw0", "process": "triton_python_b", "pid": 2},
         {"test": "tests/b.py::u", "worker": "gw1", "process": "tritonserver", "pid": 3},
+        {"test": "tests/b.py::u", "worker": "gw0", "process": "tritonserver", "pid": 3},
     ]
     for row in rows:
         with open(tmp_path / f"{row['worker']}.jsonl", "a") as out:
