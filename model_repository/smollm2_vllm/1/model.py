@@ -56,7 +56,7 @@ class TritonPythonModel:
         os.environ.update(device_environment(params))
         # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
         # which imports vLLM, comes in only now that the environment holds them.
-        from .engine import EngineMetrics, VllmEngine  # noqa: PLC0415
+        from .engine import EngineMetrics, VllmEngine
         weights, _ = resolve_source(options.huggingface_model, Path(args["model_repository"]))
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
         # smollm2's own readings of the context and the end tokens, from the same files
