@@ -188,9 +188,15 @@ def _in_child(cores: frozenset[int] | None) -> None:
 def spawn(
     args: Sequence[str | os.PathLike], *, cores: Collection[int] | None = None, **popen_kwargs
 ) -> subprocess.Popen:
-    """Start a long-running child (a server, a load balancer) in its own session, set to receive
-    SIGTERM when this process dies, and return it. ``cores`` pins it, and every process it starts,
-    to those CPU cores.
+    """Start a long-running child (a server, a load balancer) in a process group of its own, set
+    to receive SIGTERM when this process dies, and return it. ``cores`` pins it, and every process
+    it starts, to those CPU cores.
+
+    The child stays in this process's session (a new process group, not a new session): Linux's
+    autogroup scheduling shares a busy CPU between sessions first, so a server per session gave
+    N replicas N shares of the cores where one server got one, whenever other work competed for
+    them (notebook 07 measured 2 replicas at x2.24 over 2 instances at load 6.3, and x0.98 on a
+    quiet host). In one session, every server the lab starts gets the share one would.
 
     Linux ties PR_SET_PDEATHSIG to the *thread* that forked the child, not to the process: a
     server started from a worker thread got SIGTERM as soon as that thread ended (a cluster's
@@ -241,9 +247,9 @@ def _launch_forever(requests: queue.SimpleQueue) -> None:
         try:
             child = subprocess.Popen(
                 args,
-                start_new_session=True,
+                process_group=0,
                 preexec_fn=functools.partial(_in_child, cores),
-                **popen_kwargs,
+                **{"stdin": subprocess.DEVNULL, **popen_kwargs},
             )
         except BaseException as exc:  # noqa: BLE001 (raised in the thread that asked)
             future.set_exception(exc)

@@ -52,9 +52,6 @@ class ScaleOut:
     cores: int  # the cores the servers may use
     load_average: float  # the host's 1-minute load average after the sweeps
     rounds: pd.DataFrame | None = None  # every round of every configuration (a ``round`` column)
-    #: Linux shares a busy CPU between sessions (autogroup), and each server is a session of its
-    #: own: with other processes competing, N replicas get up to N shares where one server gets one
-    autogroup: bool = False
 
     def threads_in_use(self) -> int:
         """The most torch threads one configuration ran on the host, all instances together."""
@@ -172,18 +169,8 @@ def compare_scale_out(
     every = pd.concat([f for frames in measured.values() for f in frames], ignore_index=True)
     return ScaleOut(
         median["one"], median["instances"], median["replicas"], threads, counts,
-        usable_cores(), load, every, autogroup(),
+        usable_cores(), load, every,
     )  # fmt: skip
-
-
-def autogroup(path: str = "/proc/sys/kernel/sched_autogroup_enabled") -> bool:
-    """Whether this Linux host shares its CPU time between sessions before threads (autogroup
-    scheduling): each ``tritonserver`` runs in a session of its own."""
-    try:
-        with open(path) as f:
-            return f.read().strip() == "1"
-    except OSError:  # not Linux, or a kernel built without it
-        return False
 
 
 def _median_round(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -98,7 +98,6 @@ def scale_out_conclusion(
     rounds: int = 1,
     spread: float = 0.0,
     batch: float = 1.0,
-    autogroup: bool = False,
 ) -> Conclusion:
     """One instance, ``count`` instances in one server, ``count`` replicas: what each gained,
     explained by :func:`predict_scale_out`.
@@ -110,9 +109,9 @@ def scale_out_conclusion(
     requests one instance runs per execution (1: the model does not batch). ``rounds`` is how
     many times each configuration was measured, taken in turns (the sweeps are each one's median
     round), and ``spread`` the widest spread of one configuration's rounds, as a fraction of its
-    median: a difference within it is a tie. ``autogroup``: the host shares a busy CPU between
-    sessions first (Linux's autogroup scheduling), and each server is a session: on a busy host
-    N replicas then get up to N shares of the cores where one server gets one.
+    median: a difference within it is a tie. The lab starts every server in one session
+    (:func:`labkit.proc.spawn`), so a busy host shares its cores between replicas as it would
+    between one server's instances.
     """
     sweeps = {"one": one, "instances": instances, "replicas": replicas}
     levels = sorted(
@@ -138,9 +137,6 @@ def scale_out_conclusion(
     versus = Ratio.between(speed["replicas"], speed["instances"], "infer/s")
     versus_p99 = Ratio.between(p99["replicas"], p99["instances"], "p99 latency")
     lone = (threads or {}).get(names["one"], 1)
-    # a busy host that shares its cores by session gives each replica (a session) its own share
-    busy = autogroup and load_average is not None and load_average >= cores
-    shares = f"{load_average:.1f} on {cores} cores" if busy else ""
     predicted = predict_scale_out(count, threads=lone, cores=cores, batch=batch)
     figures = {
         f"one_instance_infer_s_c{c}": round(speed["one"], 2),
@@ -159,7 +155,7 @@ def scale_out_conclusion(
         f"infer/s, {count} instances in one server {speed['instances']:.1f} and {count} replicas "
         f"behind HAProxy {speed['replicas']:.1f} ({measured}).",
         _instances_line(gain, count, predicted.instances, spread, cores, load_average),
-        _replicas_line(versus, versus_p99, count, spread, shares),
+        _replicas_line(versus, versus_p99, count, spread),
     ]
     if load_average is not None:
         lines.insert(
@@ -169,14 +165,8 @@ def scale_out_conclusion(
     if caveat:
         lines.append(caveat)
     takeaway = (
-        _speed_sentence(speed, versus, count, cores, spread, shares),
-        # the shares explain a gain of replicas over instances; a tie needs no more than cores
-        _mechanism_sentence(
-            predicted.instances,
-            cores,
-            load_average,
-            shares if verdict(versus, spread) == "gain" else "",
-        ),
+        _speed_sentence(speed, versus, count, cores, spread),
+        _mechanism_sentence(predicted.instances, cores, load_average),
         "What replicas add on one host is failover; more speed takes more cores, a second "
         "machine or one GPU per replica.",
     )
@@ -253,20 +243,12 @@ def _instances_line(
     return f"{said}, {where}, as predicted: {reason}."
 
 
-def _replicas_line(
-    versus: Ratio, versus_p99: Ratio, count: int, spread: float, shares: str = ""
-) -> str:
+def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float) -> str:
     said = (
         f"{count} replicas gave {versus} against {count} instances in one server (and {versus_p99})"
     )
     gain = (
-        f"{said}: more, beyond the noise, on the same cores. Not from more cores but from a "
-        "bigger share of them: this Linux host shares a busy CPU between sessions first "
-        "(autogroup scheduling), each replica's server is a session of its own, and with other "
-        f"processes competing (load average {shares}) {count} sessions get up to {count} shares "
-        "where one server gets one."
-        if shares
-        else f"{said}: more, beyond the noise, on the same cores. Not from more cores, which "
+        f"{said}: more, beyond the noise, on the same cores. Not from more cores, which "
         "one host does not have: from what surrounds the model (each replica has its own Triton "
         "front end and scheduler), or from the host's load changing between rounds."
     )
@@ -280,7 +262,7 @@ def _replicas_line(
 
 
 def _speed_sentence(
-    speed: dict[str, float], versus: Ratio, count: int, cores: int, spread: float, shares: str = ""
+    speed: dict[str, float], versus: Ratio, count: int, cores: int, spread: float
 ) -> str:
     figures = (
         f"On {cores} cores, {count} replicas behind HAProxy served {speed['replicas']:.1f} "
@@ -290,13 +272,8 @@ def _speed_sentence(
     return (
         figures
         + {
-            "gain": f": replicas gained more than instances here ({versus}), "
-            + (
-                "from the bigger share a busy Linux host gives them (one per server's session), "
-                "not from more cores."
-                if shares
-                else "from what surrounds the model, not from more cores."
-            ),
+            "gain": f": replicas gained more than instances here ({versus}), from what "
+            "surrounds the model, not from more cores.",
             "tie": f": {versus} between replicas and instances, no difference beyond the "
             "noise of these rounds.",
             "loss": f": replicas gained less than instances ({versus}), paying for a second server "
@@ -306,7 +283,7 @@ def _speed_sentence(
 
 
 def _mechanism_sentence(
-    predicted: InstancePrediction, cores: int, load_average: float | None, shares: str = ""
+    predicted: InstancePrediction, cores: int, load_average: float | None
 ) -> str:
     load = (
         f" (load average {load_average:.1f} on {cores} cores here)"
@@ -315,13 +292,6 @@ def _mechanism_sentence(
     )
     idle = predicted.busy_many - predicted.busy_one
     cores_word = "core" if idle == 1 else "cores"
-    if shares:  # a busy host that shares by session: no core was idle, the shares decided
-        return (
-            f"Here other processes kept the cores busy (load average {shares}), so each "
-            "session's share of them decided, and each replica is a session of its own; on a "
-            f"quiet host both can only put to work the {cores_word} one instance leaves idle"
-            + (f", at most {predicted.busy_many / predicted.busy_one:.0f}x." if idle else ".")
-        )
     if predicted.expect == "gain":
         return (
             f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
