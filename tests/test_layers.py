@@ -1,6 +1,7 @@
-"""labkit's shape holds: no import cycles, no upward imports between layers, ``cli`` imported by
-nobody, and no labkit import hidden in a function. The layers are documented in
-``labkit/__init__.py``; this test is their definition."""
+"""labkit's shape holds: no import cycles (not even through an annotation's import or a package's
+``__init__``), no upward imports between layers, ``cli`` imported by nobody, and no labkit import
+hidden in a function. The layers are documented in ``labkit/__init__.py``; this test is their
+definition."""
 
 from __future__ import annotations
 
@@ -74,12 +75,23 @@ def _is_type_checking(node: ast.If) -> bool:
 def imports(path: Path) -> tuple[set[str], set[str]]:
     """(imported at module level, imported inside a function) labkit modules of ``path``.
 
-    Imports under ``if TYPE_CHECKING:`` are for annotations only and are not counted.
+    Imports under ``if TYPE_CHECKING:`` are for annotations only and are not counted
+    (:func:`annotation_imports` has them).
     """
+    return _imports(path)[:2]
+
+
+def annotation_imports(path: Path) -> set[str]:
+    """The labkit modules ``path`` imports under ``if TYPE_CHECKING:``, for annotations only."""
+    return _imports(path)[2]
+
+
+def _imports(path: Path) -> tuple[set[str], set[str], set[str]]:
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     top: set[str] = set()
     inner: set[str] = set()
+    typing: set[str] = set()
 
     def targets(node: ast.AST) -> set[str]:
         found = set()
@@ -98,17 +110,18 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
             found.update(a.name for a in node.names if a.name.startswith("labkit"))
         return found
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, for_typing: bool = False) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
-                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                (inner if in_function else top).update(targets(child))
+                found = targets(child)
+                (typing if for_typing else inner if in_function else top).update(found)
             nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            visit(child, nested)
+            visit(
+                child, nested, for_typing or isinstance(child, ast.If) and _is_type_checking(child)
+            )
 
     visit(ast.parse(path.read_text(), filename=str(path)), False)
-    return top & KNOWN, inner & KNOWN
+    return top & KNOWN, inner & KNOWN, typing & KNOWN
 
 
 def part(module: str) -> str:
@@ -151,12 +164,30 @@ def test_no_labkit_import_is_hidden_inside_a_function():
     assert hidden == {}
 
 
-def test_the_module_import_graph_has_no_cycle():
-    edges = {
-        m: {t for t in top if t != m and not m.startswith(t + ".")} for m, (top, _) in GRAPH.items()
-    }
-    # A package's __init__ re-exports its submodules: an edge from a submodule to its own
-    # package is the submodule reading a sibling through the package, which we also forbid below.
+def packages_run_by(target: str) -> set[str]:
+    """What importing ``target`` runs: the module and each package above it (their ``__init__``)."""
+    parts = target.split(".")
+    return {".".join(parts[:n]) for n in range(2, len(parts) + 1)} & KNOWN
+
+
+def import_edges() -> dict[str, set[str]]:
+    """module -> the labkit modules importing it runs: its module-level imports, its imports for
+    annotations (a circle through ``TYPE_CHECKING`` is still a circle between the two designs),
+    and the packages above each (``labkit.a.b`` runs ``labkit/a/__init__.py`` first).
+
+    A package's ``__init__`` re-exports its submodules: an edge from a submodule to its own
+    package is the submodule reading a sibling through the package, which
+    :func:`test_a_submodule_never_imports_its_own_package` forbids; it is left out here."""
+    edges = {}
+    for module, path in labkit_modules().items():
+        top, _ = GRAPH[module]
+        run = set().union(*(packages_run_by(t) for t in top | annotation_imports(path)))
+        edges[module] = {t for t in run if t != module and not module.startswith(t + ".")}
+    return edges
+
+
+def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle a depth-first walk of ``edges`` meets, each as the modules along it."""
     state: dict[str, int] = {}
     cycles = []
 
@@ -172,7 +203,27 @@ def test_the_module_import_graph_has_no_cycle():
     for node in sorted(edges):
         if node not in state:
             walk(node, [node])
-    assert cycles == []
+    return cycles
+
+
+def test_the_module_import_graph_has_no_cycle():
+    assert find_cycles(import_edges()) == []
+
+
+def test_the_cycle_check_finds_a_circle_through_an_annotation_and_a_package():
+    """The circle issue 39 found, as it was: ``lessons/inflight.py`` imported ``llm_serving``'s
+    ``Comparison`` for annotations, and ``llm_serving/__init__`` imported ``charts``, which
+    imported ``way_name`` from ``lessons/inflight.py``."""
+    edges = {
+        "labkit.lessons.inflight": packages_run_by("labkit.llm_serving.rounds"),
+        "labkit.llm_serving": {"labkit.llm_serving.charts"},
+        "labkit.llm_serving.charts": {"labkit.lessons.inflight"},
+        "labkit.llm_serving.rounds": set(),
+    }
+    assert find_cycles(edges) == [
+        ["labkit.lessons.inflight", "labkit.llm_serving", "labkit.llm_serving.charts",
+         "labkit.lessons.inflight"]
+    ]  # fmt: skip
 
 
 def test_a_submodule_never_imports_its_own_package():

@@ -16,44 +16,19 @@ its date, shape and load average) and why the two can differ.
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING
-
-import pandas as pd
 
 from labkit.errors import ConfigError
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio
+from labkit.llm_serving.charts import medians, results_frame, way_name
 
 if TYPE_CHECKING:
     from labkit.llm_serving.benchmark import Benchmark
     from labkit.llm_serving.rounds import Comparison
 
-#: The plain names of the ways the lab serves its text model, in the order they are shown.
-WAYS = {
-    "none": "no batching",
-    "dynamic": "dynamic batching",
-    "inflight": "the lab's in-flight model",
-    "vllm": "vLLM in Triton",
-    "vllm-standalone": "vLLM's own server",
-    "vllm_bf16": "vLLM in Triton, bfloat16",
-    "vllm_bf16-standalone": "vLLM's own server, bfloat16",
-}
-
 #: A ratio measured in two rounds or more is a gain (or a loss) only when every round's ratio
 #: is beyond 1 by more than this: on this host a difference of a few percent is weather.
 NOISE_FLOOR = 0.10
-
-#: The table's columns: row key -> header a learner reads.
-COLUMNS = {
-    "output_tokens_per_s": "output tokens/s",
-    "ttft_p50_ms": "first token, median (ms)",
-    "itl_p50_ms": "between tokens, median (ms)",
-}
-
-
-def way_name(scheduler: str) -> str:
-    """A way's plain name (``vllm`` -> ``vLLM in Triton``); an unknown one as itself."""
-    return WAYS.get(scheduler, scheduler)
 
 
 def verdict(ratios: list[float]) -> str:
@@ -83,39 +58,6 @@ def per_round(comparison: Comparison, new: str, old: str, key: str = "output_tok
         for _, ways in sorted(by_round.items())
         if new in ways and old in ways
     ]
-
-
-def medians(comparison: Comparison) -> dict[str, dict[str, float]]:
-    """Each way's median over its rounds of every figure of :data:`COLUMNS`."""
-    out = {}
-    for way in comparison.ways:
-        rows = comparison.way_rows(way)
-        out[way] = {
-            key: statistics.median(v)
-            if (v := [r[key] for r in rows if r.get(key) is not None])
-            else float("nan")
-            for key in COLUMNS
-        }
-        out[way]["failed"] = sum(int(r.get("failed") or 0) for r in rows)
-        out[way]["rounds"] = len(rows)
-    return out
-
-
-def results_table(comparison: Comparison) -> pd.DataFrame:
-    """One line per way: the median of its rounds, their range, and failed requests."""
-    m = medians(comparison)
-    lines = []
-    for way in comparison.ways:
-        tokens = [r["output_tokens_per_s"] for r in comparison.way_rows(way)]
-        lines.append(
-            {
-                "way": way_name(way),
-                **{name: round(m[way][key], 1) for key, name in COLUMNS.items()},
-                "output tokens/s, each round": ", ".join(f"{t:.1f}" for t in tokens),
-                "failed requests": m[way]["failed"],
-            }
-        )
-    return pd.DataFrame(lines)
 
 
 def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = None) -> Conclusion:
@@ -166,7 +108,7 @@ def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = No
         + ", ".join(f"{m[w]['failed']} with {way_name(w)}" for w in m)
         + "."
     )
-    return Conclusion(results_table(comparison), figures, "\n".join(text), tuple(takeaway))
+    return Conclusion(results_frame(comparison), figures, "\n".join(text), tuple(takeaway))
 
 
 def _ratio(m: dict, new: str, old: str) -> Ratio:

@@ -1,16 +1,77 @@
 """Notebook 06's table and charts of a :class:`~labkit.llm_serving.rounds.Comparison` (plotly loads
-when a chart is drawn). Every way keeps one colour in every panel and legend (:data:`COLOURS`)."""
+when a chart is drawn). Every way keeps one name (:func:`way_name`) and one colour
+(:data:`COLOURS`) in the table, every panel and legend, and the lesson's words
+(:mod:`labkit.lessons.inflight` reads them from here)."""
 
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING
 
-from labkit.lessons.inflight import results_table, way_name
+import pandas as pd
+
 from labkit.profiling import request_records
 
 if TYPE_CHECKING:
     from .rounds import Comparison
+
+#: The plain names of the ways the lab serves its text model, in the order they are shown.
+WAY_NAMES = {
+    "none": "no batching",
+    "dynamic": "dynamic batching",
+    "inflight": "the lab's in-flight model",
+    "vllm": "vLLM in Triton",
+    "vllm-standalone": "vLLM's own server",
+    "vllm_bf16": "vLLM in Triton, bfloat16",
+    "vllm_bf16-standalone": "vLLM's own server, bfloat16",
+}
+
+
+#: The table's columns: row key -> header a learner reads.
+COLUMNS = {
+    "output_tokens_per_s": "output tokens/s",
+    "ttft_p50_ms": "first token, median (ms)",
+    "itl_p50_ms": "between tokens, median (ms)",
+}
+
+
+def way_name(scheduler: str) -> str:
+    """A way's plain name (``vllm`` -> ``vLLM in Triton``); an unknown one as itself."""
+    return WAY_NAMES.get(scheduler, scheduler)
+
+
+def medians(comparison: Comparison) -> dict[str, dict[str, float]]:
+    """Each way's median over its rounds of every figure of :data:`COLUMNS`."""
+    out = {}
+    for way in comparison.ways:
+        rows = comparison.way_rows(way)
+        out[way] = {
+            key: statistics.median(v)
+            if (v := [r[key] for r in rows if r.get(key) is not None])
+            else float("nan")
+            for key in COLUMNS
+        }
+        out[way]["failed"] = sum(int(r.get("failed") or 0) for r in rows)
+        out[way]["rounds"] = len(rows)
+    return out
+
+
+def results_frame(comparison: Comparison) -> pd.DataFrame:
+    """One line per way: the medians of its rounds, each round's tokens/s, failed requests."""
+    m = medians(comparison)
+    lines = []
+    for way in comparison.ways:
+        tokens = [r["output_tokens_per_s"] for r in comparison.way_rows(way)]
+        lines.append(
+            {
+                "way": way_name(way),
+                **{name: round(m[way][key], 1) for key, name in COLUMNS.items()},
+                "output tokens/s, each round": ", ".join(f"{t:.1f}" for t in tokens),
+                "failed requests": m[way]["failed"],
+            }
+        )
+    return pd.DataFrame(lines)
+
 
 #: One colour per way of serving, in every chart.
 COLOURS = {
@@ -28,11 +89,6 @@ MARK = "#222222"
 
 def colour(way: str) -> str:
     return COLOURS.get(way, "#7f7f7f")
-
-
-def results_frame(comparison: Comparison):
-    """One line per way: the medians of its rounds, each round's tokens/s, failed requests."""
-    return results_table(comparison)
 
 
 def rounds_figure(comparison: Comparison, title: str | None = None):
