@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jinja2
+
 from labkit.lessons.conclusion import figure_text
 
 log = logging.getLogger(__name__)
@@ -131,7 +133,6 @@ def offline_html(nb) -> str:
     Widget outputs show their transcript (call :func:`transcribe_widgets` first), outputs that
     only carry a custom mimetype a line saying so, and plots their embedded plotly.js.
     """
-    from jinja2 import DictLoader  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
     from nbconvert import HTMLExporter  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
 
     shown = copy.deepcopy(nb)
@@ -141,7 +142,7 @@ def offline_html(nb) -> str:
             output.get("data", {}).pop(WIDGET_VIEW, None)
     _describe_unrenderable(shown)
     exporter = HTMLExporter(
-        extra_loaders=[DictLoader({"labkit_offline.html.j2": _OFFLINE_TEMPLATE})],
+        extra_loaders=[jinja2.DictLoader({"labkit_offline.html.j2": _OFFLINE_TEMPLATE})],
         template_file="labkit_offline.html.j2",
     )
     body, _ = exporter.from_notebook_node(shown)
@@ -286,53 +287,47 @@ def _output_text(output: dict) -> str:
     return ("".join(text) if isinstance(text, list) else text) + "\n"
 
 
+#: The index page's template, rendered with autoescape (every value is escaped).
+INDEX_TEMPLATE = "index.html.j2"
+_PAGES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True,
+    keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
 def write_index(report: RunReport) -> Path:
     """``index.html``: one row per notebook: its purpose, status, duration, headline figures, and
     links to its HTML, the executed notebook and its working folder (logs, reports)."""
     rows = []
     for r in report.results:
-        name = Path(r.notebook).name
-        links = [f"<a href='{_href(r.output, report.run_dir)}'>ipynb</a>"]
+        links = [("ipynb", _href(r.output, report.run_dir))]
         if r.html:
-            links.insert(0, f"<a href='{_href(r.html, report.run_dir)}'>HTML</a>")
+            links.insert(0, ("HTML", _href(r.html, report.run_dir)))
         if r.folder and Path(r.folder).is_dir():
-            links.append(f"<a href='{_href(r.folder, report.run_dir)}/'>files</a>")
+            links.append(("files", f"{_href(r.folder, report.run_dir)}/"))
         shown = list(r.figures.items())[:MAX_INDEX_FIGURES]
-        figures = (
-            "".join(
-                f"<li>{html.escape(figure_label(k))}: <b>{html.escape(figure_value(v))}</b></li>"
-                for k, v in shown
-            )
-            or f"<li class='none'>{NO_FIGURES}</li>"
-        )
-        if len(r.figures) > len(shown):
-            figures += (
-                f"<li class='none'>{len(r.figures) - len(shown)} more in the run's "
-                f"{FIGURES_FILE}</li>"
-            )
-        takeaway = (
-            "<ol>" + "".join(f"<li>{html.escape(line)}</li>" for line in r.takeaway) + "</ol>"
-            if r.takeaway
-            else f"<span class='none'>{NO_TAKEAWAY}</span>"
-        )
-        error = html.escape(f"{r.where()}{r.error}" if r.error else "")
         rows.append(
-            f"<tr class='{r.status}'><td><b>{html.escape(name)}</b><br>"
-            f"<span class='purpose'>{html.escape(r.purpose)}</span></td><td>{r.status}</td>"
-            f"<td>{r.duration_s:.1f} s</td><td><ul>{figures}</ul></td><td>{takeaway}</td>"
-            f"<td>{' · '.join(links)}</td><td>{error}</td></tr>"
+            {
+                "name": Path(r.notebook).name,
+                "purpose": r.purpose,
+                "status": r.status,
+                "duration_s": r.duration_s,
+                "figures": [(figure_label(k), figure_value(v)) for k, v in shown],
+                "more_figures": len(r.figures) - len(shown),
+                "takeaway": r.takeaway,
+                "links": links,
+                "error": f"{r.where()}{r.error}" if r.error else "",
+            }
         )
-    passed = sum(r.status == "ok" for r in report.results)
-    page = (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>labkit run "
-        f"{html.escape(report.run_dir.name)}</title><style>body{{font-family:sans-serif;"
-        "margin:2em}table{border-collapse:collapse}td,th{padding:6px 12px;text-align:left;"
-        "vertical-align:top;border-bottom:1px solid #ddd}ul,ol{margin:0;padding-left:1.2em}"
-        ".failed td{color:#b00}.purpose,.none{color:#555}</style></head><body>"
-        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1>"
-        f"<p>{passed} of {len(report.results)} notebooks passed.</p><table>"
-        "<tr><th>notebook</th><th>status</th><th>duration</th><th>headline figures</th><th>takeaway</th>"
-        f"<th>links</th><th>error</th></tr>{''.join(rows)}</table></body></html>\n"
+    page = _PAGES.get_template(INDEX_TEMPLATE).render(
+        run_name=report.run_dir.name,
+        rows=rows,
+        passed=sum(r.status == "ok" for r in report.results),
+        no_figures=NO_FIGURES,
+        no_takeaway=NO_TAKEAWAY,
+        figures_file=FIGURES_FILE,
     )
     index = report.run_dir / "index.html"
     index.write_text(page, encoding="utf-8")
@@ -402,10 +397,9 @@ def figures_summary(figures: dict) -> str:
 
 
 def _href(path: str, root: Path) -> str:
+    """A link from the run folder to ``path`` (the template escapes it)."""
     target = Path(path)
-    return html.escape(
-        str(target.relative_to(root)) if target.is_relative_to(root) else target.name
-    )
+    return str(target.relative_to(root)) if target.is_relative_to(root) else target.name
 
 
 def purpose(notebook: Path) -> str:

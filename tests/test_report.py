@@ -225,3 +225,33 @@ def test_figures_keep_the_order_the_notebook_recorded_them_in(tmp_path):
     lab.record(tmp_path, beta_later=3)
     recorded = json.loads((tmp_path / "figures.json").read_text())
     assert list(recorded) == ["zeta_headline", "alpha_detail", "beta_later"]
+
+
+def test_the_index_escapes_what_a_notebook_wrote_and_links_its_files(tmp_path):
+    (tmp_path / "01_x").mkdir()
+    results = [
+        report.NotebookResult(
+            "01_<x>.ipynb",
+            str(tmp_path / "01_x.ipynb"),
+            "failed",
+            1.0,
+            html=str(tmp_path / "01_x.html"),
+            purpose="<script>alert(1)</script>",
+            takeaway=["a <b>bold</b> claim"],
+            figures={"label": "<i>value</i>"},
+            folder=str(tmp_path / "01_x"),
+            cell=2,
+            error="ValueError: <bad> & worse",
+        )
+    ]
+    index = report.write_index(report.RunReport(tmp_path, results)).read_text()
+    assert "<script>" not in index and "&lt;script&gt;alert(1)&lt;/script&gt;" in index
+    assert "<b>01_&lt;x&gt;.ipynb</b>" in index
+    assert "<li>a &lt;b&gt;bold&lt;/b&gt; claim</li>" in index
+    assert "<li>label: <b>&lt;i&gt;value&lt;/i&gt;</b></li>" in index
+    assert "<td>cell 2: ValueError: &lt;bad&gt; &amp; worse</td>" in index
+    assert (
+        "<a href='01_x.html'>HTML</a> · <a href='01_x.ipynb'>ipynb</a> · <a href='01_x/'>files</a>"
+        in index
+    )
+    assert "<p>0 of 1 notebooks passed.</p>" in index
