@@ -23,7 +23,9 @@ from labkit.deploy import (
     validate_manifests,
     write_manifests,
 )
+from labkit.deploy.k8s import DEFAULT_CACHE_BYTES
 from labkit.errors import ConfigError
+from labkit.repository import Repository
 from labkit.settings import triton_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,8 +206,68 @@ def test_the_shipped_kserve_schema_is_a_valid_json_schema():
         ({"accelerator": "tpu"}, "accelerator='tpu'"),
         ({"name": "Bad_Name"}, "not a Kubernetes name"),
         ({"replicas": 5}, "between 1 and max_replicas"),
+        ({"cache_size": 0}, "cache_size=0: the response cache needs 1 byte or more"),
+        ({"cache_size": 8 * 2**30}, "does not fit in memory='8Gi'"),
+        ({"cache_size": 1024, "memory": "lots"}, "memory='lots' is not a memory quantity"),
     ],
 )
 def test_bad_settings_are_refused_with_the_value_named(change, match):
     with pytest.raises(ConfigError, match=match):
         manifests(replace(DeploySettings(), **change))
+
+
+# -- pipelines and the response cache ----------------------------------------------------------
+def test_every_pipeline_travels_whole_with_the_packages_its_steps_import(tmp_path):
+    """The pod loads every model of the repository (``--model-control-mode=none``): each ensemble's
+    steps and each model ``ask`` calls must be in it, and the image must hold the tokenizer step's
+    ``tokenizers``."""
+    repo = Repository(REPOSITORY)
+    names = set(repo.models())
+    ensembles = [n for n in names if repo.config(n).platform == "ensemble"]
+    assert "minilm_pipeline" in ensembles
+    for name in ensembles:
+        steps = {step.model_name for step in repo.config(name).ensemble_scheduling.step}
+        assert steps and steps <= names, (name, steps - names)
+    called = {k: v.string_value for k, v in repo.config("ask").parameters.items()}
+    assert {called["embedding_model"], called["llm_model"]} <= names
+    write_manifests(REPOSITORY, tmp_path, DeploySettings())
+    args = load(tmp_path, "deployment.yaml")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--model-control-mode=none" in args
+    requirements = (tmp_path / "requirements.txt").read_text().split()
+    assert any(r.startswith("tokenizers==") for r in requirements), requirements
+
+
+def test_a_cache_size_starts_triton_with_the_images_own_cache_in_every_form():
+    size = 64 * 2**20
+    flags = [f"--cache-config=local,size={size}", "--cache-directory=/opt/tritonserver/caches"]
+    plain = manifests(DeploySettings(cache_size=size, requirements=("numpy==1.26.4",)))
+    container = plain["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == flags
+    kserve = manifests(DeploySettings(cache_size=size, kserve=True, requirements=("x==1",)))
+    assert kserve["inferenceservice.yaml"]["spec"]["predictor"]["model"]["args"][-2:] == flags
+    ngc = manifests(DeploySettings(cache_size=size, image=ngc_image(), requirements=("x==1",)))
+    script = ngc["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert script.endswith(" ".join(flags))  # after the pip install, on tritonserver's line
+    none = manifests(DeploySettings(requirements=("x==1",)))
+    args = none["deployment.yaml"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--cache")]
+
+
+def test_a_repository_with_a_cached_model_gets_a_cache_unless_one_is_given(tmp_path):
+    from labkit import pipeline
+
+    repo = Repository(REPOSITORY).copy_to(tmp_path / "repo")
+    pipeline.add_cached_twin(repo)  # minilm_cached: response_cache { enable: true }
+    write_manifests(repo.path, tmp_path / "out", DeploySettings())
+    container = load(tmp_path / "out", "deployment.yaml")["spec"]["template"]["spec"]
+    args = container["containers"][0]["args"]
+    assert f"--cache-config=local,size={DEFAULT_CACHE_BYTES}" in args
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert f"Response cache: {DEFAULT_CACHE_BYTES} bytes" in readme and "`minilm_cached`" in readme
+    code = main(["deploy", "k8s", "--model-repository", str(repo.path), "--out",
+                 str(tmp_path / "cli"), "--cache-size", "1048576"])  # fmt: skip
+    assert code == 0
+    args = load(tmp_path / "cli", "deployment.yaml")["spec"]["template"]["spec"]
+    assert "--cache-config=local,size=1048576" in args["containers"][0]["args"]
+    write_manifests(REPOSITORY, tmp_path / "plain", DeploySettings())
+    assert "Response cache: off" in (tmp_path / "plain" / "README.md").read_text()

@@ -35,6 +35,12 @@ def register(sub) -> None:
     p.add_argument("--max-replicas", type=int, default=d.max_replicas)
     p.add_argument("--queue-target-us", type=int, default=d.queue_target_us, help="HPA target")
     p.add_argument("--hf-secret", default=d.hf_secret, help="Secret holding HF_TOKEN (by name)")
+    p.add_argument(
+        "--cache-size",
+        type=int,
+        help="bytes of Triton's response cache (default: none, or 256 MiB when a model of the "
+        "repository enables response_cache)",
+    )
     p.add_argument("--validate", action="store_true", help="validate the files offline after")
     p.set_defaults(handler=_cli_k8s)
 
@@ -61,6 +67,7 @@ def _cli_k8s(args) -> int:
         max_replicas=args.max_replicas,
         queue_target_us=args.queue_target_us,
         hf_secret=args.hf_secret,
+        cache_size=args.cache_size,
     )
     for path in write_manifests(args.model_repository, args.out, settings):
         print(path)

@@ -21,6 +21,15 @@ What :func:`write_manifests` writes into ``out`` (one resource per file, so each
   environment has (what the image must contain; with the NGC image they are installed at start);
 - ``README.md``: how to apply them, and the Secret to create.
 
+Every model of the repository is loaded at start (``--model-control-mode=none``), so a pipeline
+travels whole: the ensemble ``minilm_pipeline`` with its steps, and ``ask`` with the models it
+calls. The response cache: ``cache_size`` (bytes; ``labkit deploy k8s --cache-size``) starts
+Triton with the ``local`` cache of that size from the image's own ``/opt/tritonserver/caches``
+(NGC's image, and the lab's built on it). A repository with a model whose config enables
+``response_cache`` gets :data:`DEFAULT_CACHE_BYTES` unless a size is given: without a cache,
+such a model loads and answers but caches nothing. The cache lives in the container's memory, so
+it must fit inside the memory limit.
+
 The probes: startup on ``/v2/health/ready`` (up to 20 minutes for the models to load); readiness
 runs ``ready_check.py`` (every model's ``/v2/models/<model>/ready`` and every Python stub alive,
 the lab balancer's own check), so a pod whose stub died leaves the Service as a replica leaves the
@@ -68,6 +77,12 @@ _NODE_SELECTOR = {
     "gpu": {"nvidia.com/gpu.present": "true"},  # NVIDIA GPU feature discovery's label
     "neuron": {"node.kubernetes.io/instance-type": "inf2.xlarge"},
 }
+#: Where the NGC image (and the lab's image, built FROM it) keeps its response-cache libraries.
+IMAGE_CACHES = "/opt/tritonserver/caches"
+#: The cache a repository gets when a model enables ``response_cache`` and no size was given.
+DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
+_MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6,
+                 "G": 10**9, "T": 10**12}  # fmt: skip
 #: Distributions a model imports under another name, and ones the server itself provides.
 _SERVER_PROVIDED = {"triton_python_backend_utils"}
 
@@ -95,6 +110,7 @@ class DeploySettings:
     service_type: str = "ClusterIP"
     node_selector: dict[str, str] = field(default_factory=dict)
     requirements: tuple[str, ...] = ()
+    cache_size: int | None = None  # bytes of Triton's response cache; None: no cache
 
     def check(self) -> DeploySettings:
         if self.accelerator not in ACCELERATORS:
@@ -109,6 +125,19 @@ class DeploySettings:
             raise ConfigError(
                 f"replicas={self.replicas} must be between 1 and max_replicas={self.max_replicas}"
             )
+        if self.cache_size is not None:
+            if isinstance(self.cache_size, bool) or int(self.cache_size) < 1:
+                raise ConfigError(
+                    f"cache_size={self.cache_size!r}: the response cache needs 1 byte or more "
+                    "(for example 268435456 for 256 MiB); pass None for no cache"
+                )
+            limit = memory_bytes(self.memory)
+            if int(self.cache_size) >= limit:
+                raise ConfigError(
+                    f"cache_size={self.cache_size} bytes does not fit in memory={self.memory!r} "
+                    f"({limit} bytes), the container's limit, which also holds the models; "
+                    "give a smaller cache or more memory"
+                )
         return self
 
     @property
@@ -118,6 +147,28 @@ class DeploySettings:
     @property
     def uses_ngc_image(self) -> bool:
         return self.image.startswith("nvcr.io/nvidia/tritonserver")
+
+
+def memory_bytes(quantity: str) -> int:
+    """Bytes of a Kubernetes memory quantity (``8Gi``, ``512Mi``, ``1G``, ``1000``)."""
+    match = re.fullmatch(r"(\d+)([KMGT]i?)?", str(quantity).strip())
+    if not match:
+        raise ConfigError(f"memory={quantity!r} is not a memory quantity such as 8Gi or 512Mi")
+    number, unit = match.groups()
+    return int(number) * _MEMORY_UNITS.get(unit or "", 1)
+
+
+def cached_models(repository: str | os.PathLike) -> list[str]:
+    """The repository's models whose config enables Triton's response cache."""
+    repo = Repository(repository)
+    return [name for name in repo.models() if repo.config(name).response_cache.enable]
+
+
+def cache_args(s: DeploySettings) -> list[str]:
+    """Triton's response-cache arguments: none without ``cache_size``."""
+    if s.cache_size is None:
+        return []
+    return [f"--cache-config=local,size={int(s.cache_size)}", f"--cache-directory={IMAGE_CACHES}"]
 
 
 def ngc_image() -> str:
@@ -218,6 +269,7 @@ def _server_args(s: DeploySettings, repository: str = MODEL_DIR) -> list[str]:
         "--allow-cpu-metrics=true",
         f"--allow-gpu-metrics={'true' if s.accelerator == 'gpu' else 'false'}",
         "--exit-timeout-secs=30",
+        *cache_args(s),
     ]
 
 
@@ -449,7 +501,12 @@ def inference_service(s: DeploySettings) -> dict:
         "modelFormat": {"name": "triton"},
         "runtime": "kserve-tritonserver",
         "storageUri": s.storage_uri or f"pvc://{s.claim}",
-        "args": ["--model-control-mode=none", "--allow-metrics=true", "--allow-cpu-metrics=true"],
+        "args": [
+            "--model-control-mode=none",
+            "--allow-metrics=true",
+            "--allow-cpu-metrics=true",
+            *cache_args(s),
+        ],
         "env": _env(s),
         "resources": _resources(s),
         **_probes(KSERVE_HTTP_PORT, KSERVE_HTTP_PORT),
@@ -507,6 +564,8 @@ def write_manifests(
     settings = settings or DeploySettings()
     if not settings.requirements:
         settings = replace(settings, requirements=tuple(python_requirements(repo)))
+    if settings.cache_size is None and cached_models(repo):
+        settings = replace(settings, cache_size=DEFAULT_CACHE_BYTES)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -550,6 +609,16 @@ def _readme(s: DeploySettings, repository: Path) -> str:
         else "pvc.yaml configmap.yaml deployment.yaml service.yaml hpa.yaml"
     )
     ns = f" -n {s.namespace}" if s.namespace else ""
+    cached = cached_models(repository)
+    if s.cache_size is None:
+        cache = "Response cache: off (give `--cache-size` for one)."
+    else:
+        cache = (
+            f"Response cache: {s.cache_size} bytes, in the container's memory "
+            f"(`--cache-config=local,size={s.cache_size}`); used by "
+            + (", ".join(f"`{m}`" for m in cached) if cached else "no model yet")
+            + " (a model uses it when its config says `response_cache { enable: true }`)."
+        )
     return f"""# {s.name}: Triton on Kubernetes ({kind}, {s.accelerator})
 
 Written by `labkit deploy k8s` from `{repository}`. Nothing here was applied to a cluster.
@@ -564,6 +633,8 @@ Written by `labkit deploy k8s` from `{repository}`. Nothing here was applied to 
 
 Image: `{s.image}`. Python packages the models import (`requirements.txt`):
 {", ".join(s.requirements) or "(none)"}.
+
+{cache}
 
 Probes: Triton 2.51 keeps a model READY after its Python stub process died, and
 `/v2/health/ready` stays 200 while that model refuses every request. So the readiness probe runs
