@@ -10,7 +10,7 @@ a machine is too small. This module automates that advice before anything is loa
   it (torch and transformers themselves), once per model instance. The parameter count comes from
   the checkpoint itself when it is on this machine (safetensors headers are read; no weights are
   loaded), otherwise from the catalog (:mod:`labkit.repository.models`).
-- :mod:`labkit.hardware` says what the machine has (psutil; ``nvidia-smi``), and
+- :mod:`labkit.hardware` says what the machine has (psutil; NVML), and
   :func:`served_memory` what the loaded models really hold.
 - :func:`plan` walks a list of models in order, keeps those that fit in what is left, and replaces
   one that does not with a small fallback (``opt125m``) with a logged warning, or refuses it.
@@ -18,11 +18,9 @@ a machine is too small. This module automates that advice before anything is loa
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 import psutil
+from safetensors import SafetensorError, safe_open
 from tritonclient.grpc import model_config_pb2
 
 from labkit.errors import ConfigError, ServerError
@@ -66,16 +65,15 @@ TEXTGEN, EMBEDDING = "text generation", "embedding"
 
 
 # -- parameter counts ---------------------------------------------------------------------------
-def safetensors_header(path: str | os.PathLike) -> dict:
-    """The JSON header of a safetensors file (tensor names -> dtype, shape, offsets)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise ConfigError(f"{path}: too short to be a safetensors file")
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100 * 2**20:
-            raise ConfigError(f"{path}: header of {size} bytes; not a safetensors file")
-        return json.loads(f.read(size))
+def safetensors_header(path: str | os.PathLike) -> dict[str, dict]:
+    """Each tensor of a safetensors file, name -> ``{"dtype": "F32", "shape": [...]}``, from the
+    file's header (:func:`safetensors.safe_open`: no weights are loaded)."""
+    try:
+        with safe_open(path, framework="np") as f:
+            slices = {name: f.get_slice(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
+            return {n: {"dtype": t.get_dtype(), "shape": t.get_shape()} for n, t in slices.items()}
+    except SafetensorError as exc:
+        raise ConfigError(f"{path}: not a safetensors file ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -99,10 +97,9 @@ def count_checkpoint(folder: str | os.PathLike) -> Checkpoint:
     counts: dict[str, int] = {}
     if files:
         for path in files:
-            for name, info in safetensors_header(path).items():
-                if name != "__metadata__":
-                    dtype = SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"].lower())
-                    counts[dtype] = counts.get(dtype, 0) + math.prod(info["shape"])
+            for info in safetensors_header(path).values():
+                dtype = SAFETENSORS_DTYPES.get(info["dtype"], info["dtype"].lower())
+                counts[dtype] = counts.get(dtype, 0) + math.prod(info["shape"])
     else:
         files = sorted(folder.glob("pytorch_model*.bin"))
         if not files:
@@ -436,7 +433,7 @@ STUB = "triton_python_backend_stub"
 
 def served_memory(server: TritonServer) -> pd.DataFrame:
     """Memory of each served model's stub processes on a local server: resident host memory
-    (RSS) and GPU memory (``nvidia-smi``; 0 without a GPU).
+    (RSS) and GPU memory (NVML; 0 without a GPU).
 
     A stub's command line names the ``model.py`` it runs (``<repo>/<model>/<version>/model.py``).
     The resident set includes weights memory-mapped from the checkpoint once they have been read,

@@ -166,19 +166,25 @@ def check_shm(
     return passed("/dev/shm", f"{path}: {size}")
 
 
+#: The gpu check's detail on a host without an NVIDIA driver.
+NO_GPU = (
+    "no NVIDIA GPU here (no NVIDIA driver: NVML and nvidia-smi not found): the lab runs on the CPU"
+)
+
+
 def check_gpu() -> Check:
-    """The NVIDIA GPUs, their driver and CUDA version, from :mod:`labkit.hardware`."""
+    """The NVIDIA GPUs, their driver and CUDA version, from :mod:`labkit.hardware` (NVML)."""
     try:
         found = hardware.gpus()
     except LabkitError as exc:
         return Check(
             "gpu",
             "fail",
-            f"nvidia-smi is installed but failed: {exc}",
+            f"the NVIDIA driver is installed but failed: {exc}",
             "check the driver: nvidia-smi must run before the lab can use the device",
         )
     if not found:
-        return skipped("gpu", "no NVIDIA GPU here (nvidia-smi not found): the lab runs on the CPU")
+        return skipped("gpu", NO_GPU)
     return passed(
         "gpu",
         "; ".join(
@@ -251,7 +257,8 @@ def check_torch_gpu() -> Check:
         return Check(
             "torch gpu",
             "warn",
-            "nvidia-smi failed (see the gpu check), so whether torch can use the GPU is unknown",
+            "the NVIDIA driver failed (see the gpu check), so whether torch can use the GPU is "
+            "unknown",
             "fix the driver first, then run labkit doctor again",
         )
     if not found:
@@ -357,7 +364,7 @@ def check_docker_gpu() -> Check:
     try:
         gpu_host = bool(hardware.gpus())
     except LabkitError:
-        gpu_host = True  # nvidia-smi exists but fails: a GPU host with a driver problem
+        gpu_host = True  # the driver is there but fails: a GPU host with a driver problem
     if not gpu_host:
         return skipped("docker gpu", "no NVIDIA GPU here: the docker mode runs on the CPU")
     return Check(

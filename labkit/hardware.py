@@ -1,12 +1,14 @@
 """What the machine has: host RAM, NVIDIA GPUs and AWS Neuron devices. The one module that probes them.
 
-- :func:`host_memory` (psutil), :func:`gpu_memory` and :func:`gpus` (``nvidia-smi``),
-  :func:`gpu_memory_by_pid`, :func:`device_memory`;
+- :func:`host_memory` (psutil), :func:`gpu_memory` and :func:`gpus` (NVML, through
+  ``nvidia-ml-py``), :func:`gpu_memory_by_pid`, :func:`device_memory`;
 - :func:`usable_cores`, :func:`split_cores` (a benchmark's server and client apart),
   :func:`pinned` (this process on some cores for a block);
 - :func:`detect_neuron` (``neuron-ls --json-output``, else the ``/dev/neuron*`` devices).
 
-Every ``nvidia-smi`` call goes through :func:`nvidia_smi`.
+GPU facts come from NVML, NVIDIA's own library, as typed values (:func:`nvml`). Only where NVML
+cannot be loaded (its ``libnvidia-ml.so`` is not on the loader's path) are they read from
+``nvidia-smi``'s text, and every such call goes through :func:`nvidia_smi`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import psutil
+import pynvml
 
 from labkit import proc
 from labkit.errors import ConfigError, LabkitError, ToolError
@@ -130,6 +134,151 @@ def host_memory() -> Memory:
     return Memory("cpu", int(vm.total), int(vm.available), f"host RAM, {os.cpu_count()} CPUs")
 
 
+@dataclass(frozen=True)
+class GPU:
+    """One NVIDIA GPU as the driver names it."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    driver: str
+    cuda: str | None  # the highest CUDA version the driver supports
+
+
+@contextlib.contextmanager
+def nvml() -> Iterator[ModuleType | None]:
+    """NVML (``pynvml``, from ``nvidia-ml-py``) initialised for the block, then shut down; None
+    where NVML cannot be loaded (no ``libnvidia-ml.so``: no NVIDIA driver here, or one this
+    process cannot see), and the callers fall back to ``nvidia-smi``.
+
+    Raises :class:`ToolError` with NVML's own message when it loads but fails (a driver that is
+    not loaded or does not answer): a GPU host whose driver does not answer is not a CPU host.
+    """
+    try:
+        pynvml.nvmlInit()
+        loaded = True
+    except pynvml.NVMLError_LibraryNotFound:
+        loaded = False
+    except pynvml.NVMLError as exc:
+        raise ToolError(f"NVML (the NVIDIA driver's library) failed to start: {exc}") from exc
+    if not loaded:
+        yield None
+        return
+    try:
+        yield pynvml
+    except pynvml.NVMLError as exc:
+        raise ToolError(f"NVML (the NVIDIA driver's library) failed: {exc}") from exc
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def _cuda_version(code: int) -> str:
+    """NVML's CUDA driver version, ``12040`` -> ``"12.4"``."""
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def _devices(lib: ModuleType) -> list:
+    return [lib.nvmlDeviceGetHandleByIndex(i) for i in range(lib.nvmlDeviceGetCount())]
+
+
+def gpu_memory() -> list[Memory]:
+    """Every NVIDIA GPU's memory (NVML; ``nvidia-smi`` without it); an empty list when there is
+    none, or when the driver fails (logged)."""
+    try:
+        with nvml() as lib:
+            if lib is None:
+                return _smi_gpu_memory()
+            found = []
+            for index, handle in enumerate(_devices(lib)):
+                memory = lib.nvmlDeviceGetMemoryInfo(handle)
+                name = lib.nvmlDeviceGetName(handle)
+                found.append(Memory("gpu", memory.total, memory.free, f"GPU {index}: {name}"))
+            return found
+    except LabkitError as exc:
+        log.warning("the NVIDIA driver is installed but failed, so no GPU is counted: %s", exc)
+        return []
+
+
+def gpus() -> list[GPU]:
+    """Every NVIDIA GPU with its driver (NVML; ``nvidia-smi`` without it); empty without an
+    NVIDIA driver; raises :class:`ToolError` if the driver fails."""
+    with nvml() as lib:
+        if lib is None:
+            return _smi_gpus()
+        driver = lib.nvmlSystemGetDriverVersion()
+        cuda = _cuda_version(lib.nvmlSystemGetCudaDriverVersion())
+        return [
+            GPU(
+                index,
+                lib.nvmlDeviceGetName(handle),
+                lib.nvmlDeviceGetMemoryInfo(handle).total // 2**20,
+                driver,
+                cuda,
+            )
+            for index, handle in enumerate(_devices(lib))
+        ]
+
+
+def has_gpu() -> bool:
+    """True when the NVIDIA driver lists at least one GPU."""
+    return bool(gpu_memory())
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``cpu`` or ``gpu``: ``auto`` is ``gpu`` when the NVIDIA driver lists one."""
+    if device not in DEVICES:
+        raise ConfigError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+    if device == "auto":
+        return "gpu" if gpu_memory() else "cpu"
+    return device
+
+
+def device_memory(device: str = "auto") -> Memory:
+    """What ``device`` has. For ``gpu``, the GPU with the least free memory: Triton puts one
+    instance of a GPU model on every GPU, so every GPU must hold it."""
+    device = resolve_device(device)
+    if device == "cpu":
+        return host_memory()
+    gpus = gpu_memory()
+    if not gpus:
+        raise ConfigError(
+            "device='gpu' but the NVIDIA driver reports no GPU here (NVML, nvidia-smi); "
+            "use device='cpu' or 'auto'"
+        )
+    return min(gpus, key=lambda g: g.available_bytes)
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    """GPU memory (bytes) each process uses, on every GPU together (NVML's running compute
+    processes; ``nvidia-smi --query-compute-apps`` without it)."""
+    used: dict[int, int] = {}
+    try:
+        with nvml() as lib:
+            if lib is None:
+                return _smi_memory_by_pid()
+            for handle in _devices(lib):
+                for process in lib.nvmlDeviceGetComputeRunningProcesses(handle):
+                    # usedGpuMemory is None where the driver cannot tell (some containers)
+                    used[process.pid] = used.get(process.pid, 0) + (process.usedGpuMemory or 0)
+    except LabkitError as exc:
+        log.warning("the NVIDIA driver could not list GPU processes: %s", exc)
+        return {}
+    return used
+
+
+# -- the fallback where NVML cannot be loaded: nvidia-smi's text --------------------------------
+def nvidia_smi(*args: str) -> str | None:
+    """``nvidia-smi ARGS`` output, or None when there is no nvidia-smi (so no NVIDIA GPU).
+
+    Raises :class:`ToolError` with its own message when it is installed but fails (a driver
+    problem): a GPU host whose driver does not answer is not a CPU host.
+    """
+    if not shutil.which("nvidia-smi"):
+        return None
+    return proc.run(["nvidia-smi", *args], timeout_s=30).stdout
+
+
 def parse_nvidia_smi(text: str) -> list[Memory]:
     """Parse ``nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,
     nounits`` (MiB) into one :class:`Memory` per GPU."""
@@ -151,42 +300,14 @@ def parse_nvidia_smi(text: str) -> list[Memory]:
     return gpus
 
 
-def nvidia_smi(*args: str) -> str | None:
-    """``nvidia-smi ARGS`` output, or None when there is no nvidia-smi (so no NVIDIA GPU).
-
-    Raises :class:`ToolError` with its own message when it is installed but fails (a driver
-    problem): a GPU host whose driver does not answer is not a CPU host.
-    """
-    if not shutil.which("nvidia-smi"):
-        return None
-    return proc.run(["nvidia-smi", *args], timeout_s=30).stdout
-
-
-def gpu_memory() -> list[Memory]:
-    """Every NVIDIA GPU's memory from ``nvidia-smi``; an empty list when there is none."""
-    try:
-        out = nvidia_smi(
-            "--query-gpu=index,name,memory.total,memory.free", "--format=csv,noheader,nounits"
-        )
-    except LabkitError as exc:
-        log.warning("nvidia-smi is installed but failed, so no GPU is counted: %s", exc)
-        return []
+def _smi_gpu_memory() -> list[Memory]:
+    out = nvidia_smi(
+        "--query-gpu=index,name,memory.total,memory.free", "--format=csv,noheader,nounits"
+    )
     return parse_nvidia_smi(out or "")
 
 
-@dataclass(frozen=True)
-class GPU:
-    """One NVIDIA GPU as ``nvidia-smi`` names it."""
-
-    index: int
-    name: str
-    memory_total_mib: int
-    driver: str
-    cuda: str | None  # the highest CUDA version the driver supports
-
-
-def gpus() -> list[GPU]:
-    """Every NVIDIA GPU with its driver; empty without nvidia-smi; raises if nvidia-smi fails."""
+def _smi_gpus() -> list[GPU]:
     out = nvidia_smi(
         "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader,nounits"
     )
@@ -203,41 +324,8 @@ def gpus() -> list[GPU]:
     return found
 
 
-def has_gpu() -> bool:
-    """True when nvidia-smi lists at least one GPU."""
-    return bool(gpu_memory())
-
-
-def resolve_device(device: str = "auto") -> str:
-    """``cpu`` or ``gpu``: ``auto`` is ``gpu`` when nvidia-smi sees one."""
-    if device not in DEVICES:
-        raise ConfigError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-    if device == "auto":
-        return "gpu" if gpu_memory() else "cpu"
-    return device
-
-
-def device_memory(device: str = "auto") -> Memory:
-    """What ``device`` has. For ``gpu``, the GPU with the least free memory: Triton puts one
-    instance of a GPU model on every GPU, so every GPU must hold it."""
-    device = resolve_device(device)
-    if device == "cpu":
-        return host_memory()
-    gpus = gpu_memory()
-    if not gpus:
-        raise ConfigError(
-            "device='gpu' but nvidia-smi reports no NVIDIA GPU here; use device='cpu' or 'auto'"
-        )
-    return min(gpus, key=lambda g: g.available_bytes)
-
-
-def gpu_memory_by_pid() -> dict[int, int]:
-    """GPU memory (bytes) each process uses, from ``nvidia-smi --query-compute-apps``."""
-    try:
-        out = nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
-    except LabkitError as exc:
-        log.warning("nvidia-smi could not list GPU processes: %s", exc)
-        return {}
+def _smi_memory_by_pid() -> dict[int, int]:
+    out = nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
     used: dict[int, int] = {}
     for line in (out or "").splitlines():
         pid, _, mib = line.partition(",")

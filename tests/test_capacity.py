@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 
 import psutil
 import pytest
@@ -101,6 +100,23 @@ def test_pytorch_bin_checkpoints_count_shared_tensors_once(tmp_path):
     )
     counted = capacity.count_checkpoint(tmp_path)
     assert (counted.parameters, counted.stored_dtype) == (8 + 12, "float32")
+
+
+def test_safetensors_headers_are_read_and_index_buffers_are_not_counted(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    tensors = {"w": np.zeros((3, 4), np.float16), "b": np.zeros(4, np.float16)}
+    save_file(tensors | {"position_ids": np.zeros((1, 8), np.int64)}, tmp_path / "a.safetensors")
+    save_file({"head": np.zeros((2, 2), np.float32)}, tmp_path / "b.safetensors", {"format": "np"})
+    assert capacity.safetensors_header(tmp_path / "b.safetensors") == {
+        "head": {"dtype": "F32", "shape": [2, 2]}
+    }  # the metadata is not a tensor
+    counted = capacity.count_checkpoint(tmp_path)
+    assert (counted.parameters, counted.stored_dtype, counted.files) == (12 + 4 + 4, "float16", 2)
+    (tmp_path / "c.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ConfigError, match=r"c\.safetensors: not a safetensors file"):
+        capacity.count_checkpoint(tmp_path)
 
 
 def test_a_folder_without_weights_is_named(tmp_path):
@@ -223,7 +239,8 @@ def test_the_real_host_is_measured_with_psutil_and_planned_against():
 
 
 def test_nvidia_smi_output_is_parsed_from_a_fake_two_gpu_listing():
-    # Fake: no GPU here; two lines in nvidia-smi's query format stand in for a two-GPU host.
+    # The fallback where NVML cannot be loaded (tests/test_hardware.py reads NVML). Fake: no GPU
+    # here; two lines in nvidia-smi's query format stand in for a two-GPU host.
     text = "0, NVIDIA H200, 143771, 143000\n1, NVIDIA H200, 143771, 100000\n"
     gpus = hardware.parse_nvidia_smi(text)
     assert [g.description for g in gpus] == ["GPU 0: NVIDIA H200", "GPU 1: NVIDIA H200"]
@@ -233,17 +250,17 @@ def test_nvidia_smi_output_is_parsed_from_a_fake_two_gpu_listing():
 
 
 def test_without_a_gpu_auto_means_cpu_and_gpu_is_refused():
-    if shutil.which("nvidia-smi"):
-        pytest.skip("this host has nvidia-smi; test_gpu_memory_is_read_from_nvidia_smi covers it")
+    if hardware.gpus():
+        pytest.skip("this host has a GPU; test_gpu_memory_is_read_from_the_driver covers it")
     assert hardware.resolve_device("auto") == "cpu"
-    with pytest.raises(ConfigError, match="nvidia-smi reports no NVIDIA GPU"):
+    with pytest.raises(ConfigError, match="the NVIDIA driver reports no GPU here"):
         hardware.device_memory("gpu")
     with pytest.raises(ConfigError, match="'tpu' is not one of"):
         hardware.resolve_device("tpu")
 
 
 @pytest.mark.gpu
-def test_gpu_memory_is_read_from_nvidia_smi(tmp_path):
+def test_gpu_memory_is_read_from_the_driver(tmp_path):
     gpus = hardware.gpu_memory()
     if not gpus:
         pytest.skip("no NVIDIA GPU here")

@@ -12,7 +12,9 @@ import sysconfig
 import threading
 from pathlib import Path
 
+import pynvml
 import pytest
+from test_hardware import fake_nvml
 
 from labkit import doctor
 from labkit.cli import main
@@ -141,10 +143,14 @@ def test_small_or_missing_shared_memory_is_flagged(tmp_path):
 
 def test_no_gpu_neuron_or_docker_skips_their_checks_with_a_fake_empty_path(tmp_path, monkeypatch):
     # Fake: this host has a docker client (a GPU host has nvidia-smi too); an empty PATH is a
-    # host without them. A check with nothing to check is skipped, never "ok".
+    # host without them. A check with nothing to check is skipped, never "ok". (NVML does not
+    # load here: there is no NVIDIA driver.)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert doctor.check_gpu() == doctor.Check(
-        "gpu", "skipped", "no NVIDIA GPU here (nvidia-smi not found): the lab runs on the CPU"
+        "gpu",
+        "skipped",
+        "no NVIDIA GPU here (no NVIDIA driver: NVML and nvidia-smi not found): the lab runs on "
+        "the CPU",
     )
     assert doctor.check_neuron().status == "skipped"
     docker = doctor.check_docker()
@@ -175,40 +181,26 @@ def test_without_the_server_its_check_is_skipped_not_left_out(monkeypatch):
     assert (server.name, server.status) == ("server", "skipped") and "--no-server" in server.detail
 
 
-#: A stand-in for nvidia-smi on a one-GPU host (no GPU here): the query form and the banner.
-FAKE_NVIDIA_SMI = """case "$1" in
-  --query-gpu=index,name,memory.total,driver_version) echo "0, NVIDIA H100 80GB HBM3, 81559, 550.54.15";;
-  --query-gpu=*) echo "0, NVIDIA H100 80GB HBM3, 81559, 81000";;
-  --query-compute-apps=*) ;;
-  *) echo "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: 12.4 |";;
-esac"""
-
-
 def _fake_tool(folder: Path, name: str, script: str) -> None:
     path = folder / name
     path.write_text(f"#!/bin/sh\n{script}\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_a_gpu_is_listed_with_a_fake_nvidia_smi_since_no_gpu_is_here(tmp_path, monkeypatch):
-    _fake_tool(tmp_path, "nvidia-smi", FAKE_NVIDIA_SMI)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+def test_a_gpu_is_listed_with_a_fake_nvml_since_no_gpu_is_here(monkeypatch):
+    fake_nvml(monkeypatch, [("NVIDIA H100 80GB HBM3", 81559, 81000)], "550.54.15", 12040)
     check = doctor.check_gpu()
     assert check == doctor.Check(
         "gpu", "ok", "GPU 0: NVIDIA H100 80GB HBM3, 81559 MiB, driver 550.54.15, CUDA 12.4"
     )
 
 
-def test_a_broken_gpu_driver_is_a_fail_with_a_fake_nvidia_smi(tmp_path, monkeypatch):
-    _fake_tool(
-        tmp_path,
-        "nvidia-smi",
-        "echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
-        'driver" >&2; exit 9',
-    )
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+def test_a_broken_gpu_driver_is_a_fail_with_a_fake_nvml(monkeypatch):
+    fake_nvml(monkeypatch, [], init_error=pynvml.NVMLError_DriverNotLoaded)
     check = doctor.check_gpu()
-    assert check.status == "fail" and "couldn't communicate" in check.detail
+    assert check.status == "fail" and "Driver Not Loaded" in check.detail and check.fix
+    torch_check = doctor.check_torch_gpu()
+    assert torch_check.status == "warn" and "the NVIDIA driver failed" in torch_check.detail
 
 
 def test_an_unreachable_docker_engine_is_a_warning_with_a_fake_client_since_none_runs_here(
@@ -277,26 +269,19 @@ def test_require_no_failures_names_each_failed_check_and_its_fix():
 
 # -- the GPU host: the lab's torch, Docker's NVIDIA runtime and the lab's image (issue 14) --------
 def _gpu_host(folder: Path, monkeypatch, cuda: str = "13.0") -> None:
-    """A fake nvidia-smi first on PATH: one H200 whose driver supports CUDA ``cuda``."""
-    tool = folder / "nvidia-smi"
-    tool.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in\n'
-        '  -L) echo "GPU 0: NVIDIA H200 (UUID: GPU-0)";;\n'
-        '  --query-gpu=index,name,memory.total,driver_version) echo "0, NVIDIA H200, 143771, 580.65";;\n'
-        '  --query-gpu=*) echo "0, NVIDIA H200, 143771, 143000";;\n'
-        f'  *) echo "| NVIDIA-SMI 580.65   Driver Version: 580.65   CUDA Version: {cuda} |";;\n'
-        "esac\n"
-    )
-    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    """A fake NVML: one H200 whose driver supports CUDA ``cuda`` (``folder``: unused, kept for
+    the callers' shape)."""
+    major, minor = cuda.split(".")
+    code = int(major) * 1000 + int(minor) * 10
+    fake_nvml(monkeypatch, [("NVIDIA H200", 143771, 143000)], "580.65", code)
 
 
 @pytest.mark.integration
-def test_a_cpu_only_torch_on_a_gpu_host_is_a_fail_with_its_fix_with_a_fake_nvidia_smi(
+def test_a_cpu_only_torch_on_a_gpu_host_is_a_fail_with_its_fix_with_a_fake_nvml(
     tmp_path, monkeypatch
 ):
-    """No GPU here, and this machine's torch is the CPU build: on a GPU host that is the failure."""
+    """No GPU here (a fake NVML), and this machine's torch is the CPU build: on a GPU host that
+    is the failure."""
     import importlib.metadata
     import sys
 

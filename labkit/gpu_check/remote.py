@@ -357,6 +357,7 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
+# The bare host has only the standard library (no nvidia-ml-py): nvidia-smi's text is its source.
 def nvidia_smi_summary() -> str | None:
     """``nvidia-smi``'s GPU name, driver and CUDA version, one line; None without it."""
     if not shutil.which("nvidia-smi"):
