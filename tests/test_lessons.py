@@ -48,18 +48,21 @@ def in_rounds(per_round: dict[str, list[float]], batch=None, ms=None) -> pd.Data
     )
 
 
-@pytest.mark.parametrize(
-    ("ratios", "expected"),
-    [([1.2, 1.15, 1.3], "gain"), ([1.2, 1.05, 1.3], "tie"), ([0.6, 0.7, 0.85], "loss"),
-     ([0.6, 0.95, 0.6], "tie"), ([1.0, 1.0], "tie")],
-)  # fmt: skip
-def test_a_gain_or_a_loss_needs_every_round_beyond_the_noise_floor(ratios, expected):
-    assert lessons.analyzer.verdict(ratios) == expected
-
-
 def test_one_round_gives_no_verdict():
     with pytest.raises(ConfigError, match="two or more rounds"):
         lessons.analyzer.verdict([1.5])
+
+
+@pytest.mark.parametrize(
+    ("ratios", "expected"),
+    [([0.65, 0.47, 0.99, 0.50], "loss"),  # measured with the server on one core, load 4.4
+     ([0.65, 0.47, 1.02, 0.50], "tie"),  # one round the other way: not agreed
+     ([0.65, 0.95], "tie"),  # two rounds: both must be beyond the floor
+     ([1.56, 1.40, 1.05], "gain"), ([1.56, 1.05, 1.02], "tie"), ([1.2, 1.15, 1.3], "gain"),
+     ([0.6, 0.95, 0.6], "loss"), ([1.0, 1.0], "tie")],
+)  # fmt: skip
+def test_most_rounds_beyond_the_floor_and_none_the_other_way_make_a_verdict(ratios, expected):
+    assert lessons.analyzer.verdict(ratios) == expected
 
 
 def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_with_the_reason():
@@ -76,7 +79,7 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
     )
     assert "4 clients never send more requests at once than either max batch size allows" in said
     assert "two (2 instances) gave x0.63 infer/s against the default (x0.60 to x0.66" in said
-    assert "slower in every round" in said
+    assert "slower in most rounds and faster in none" in said
     # the shared explanation of instances, from the default's requests per execution
     assert "keeps 1 of the 2 cores busy" in said and "2.4 requests per execution" in said
     assert "took 700 ms with 2 instances against 340 ms with 1" in said
@@ -146,7 +149,9 @@ def test_two_instances_that_had_a_core_each_in_the_search_but_not_in_the_rounds_
 def test_a_configuration_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():
     gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.8]}), search(), "w")
     assert gain.figures["verdicts"] == {"max batch size 4": "gain"}
-    assert "faster in every round" in gain.text and "tied" not in gain.takeaway[0]
+    assert (
+        "faster in most rounds and slower in none" in gain.text and "tied" not in gain.takeaway[0]
+    )
     tie = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.2]}), search(), "w")
     assert tie.figures["verdicts"] == {"max batch size 4": "tie"}
 

@@ -55,7 +55,13 @@ def predict_instances(
         f"keeps {busy_one} of the {cores} cores busy and {instances} keep {busy_many}."
     )
     if busy_many <= busy_one:
-        why = "No core is left idle for another instance to use, so expect no gain."
+        why = "No core is left idle for another instance to use, so expect no gain" + (
+            f"; and as one instance already runs {batch:.1f} requests per execution, a second "
+            "splits those batches between two copies that take turns on the same cores: expect "
+            "a loss."
+            if batch >= 1.5
+            else "."
+        )
         expect = "no gain"
     elif batch >= 1.5:
         why = (

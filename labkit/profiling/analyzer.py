@@ -11,6 +11,7 @@ wrapper) are sent SIGTERM when Model Analyzer dies, so a killed kernel leaves no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import yaml
 from tqdm.auto import tqdm
 from tritonclient.grpc import model_config_pb2
 
 from labkit import hardware
 from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTimeoutError
-from labkit.proc import free_ports, kill_group, spawn, tail
+from labkit.proc import free_ports, kill_group, processes_using, spawn, tail, wait_until
 from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer, perf_analyzer
 from labkit.repository import read_config
 from labkit.server import locate_tritonserver, reload
@@ -103,6 +105,10 @@ class AnalyzerSettings:
     string_data: str | None = "Where is the nearest"
     shapes: dict[str, list[int]] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # any other Model Analyzer option, as in its YAML
+    # the CPU cores the search's server (and its model stubs) run on; None: any. Notebook 04
+    # gives the server one core and perf_analyzer the other, so that a second instance finds no
+    # idle core whatever else the host runs, and the search ranks the same way on a busy host.
+    server_cores: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -130,17 +136,38 @@ def find_model_analyzer() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("model-analyzer")
 
 
-def write_wrapper(run_dir: Path) -> Path:
-    """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
+def server_cores() -> tuple[int, ...]:
+    """The cores notebook 04 gives its servers: every usable core but the last, which is left to
+    perf_analyzer and Model Analyzer (:func:`labkit.hardware.split_cores`); on one core, that
+    one."""
+    cores = hardware.usable_cores()
+    return hardware.split_cores(cores)[0] if len(cores) > 1 else cores
+
+
+def write_wrapper(run_dir: Path, cores: tuple[int, ...] | None = None) -> Path:
+    """``run_dir/bin/tritonserver``: starts the located server with its backend and environment,
+    on ``cores`` only when given (its model stubs inherit them)."""
     binary = locate_tritonserver()
     backend = f" --backend-directory={shlex.quote(str(binary.backend_directory))}"
     return _write_script(
         run_dir / "bin" / "tritonserver",
         f"echo $$ >> {shlex.quote(str(run_dir / 'tritonserver.pids'))}",
         *[f"export {k}={shlex.quote(v)}" for k, v in binary.env.items()],
-        f"exec {_death_guard()}{shlex.quote(str(binary.path))}"
+        f"exec {_pin(cores)}{_death_guard()}{shlex.quote(str(binary.path))}"
         f'{backend if binary.backend_directory else ""} "$@"',
     )
+
+
+def _pin(cores: tuple[int, ...] | None) -> str:
+    """A prefix that runs the rest of a wrapper's command line on ``cores`` (Python's own
+    ``sched_setaffinity``, then exec: no ``taskset`` needed); empty for None."""
+    if not cores:
+        return ""
+    code = (
+        f"import os, sys; os.sched_setaffinity(0, {sorted(set(cores))!r}); "
+        "os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} "
 
 
 def write_perf_wrapper(run_dir: Path) -> Path:
@@ -209,7 +236,7 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
         "run_config_search_min_model_batch_size": s.min_model_batch_size,
         "run_config_search_max_model_batch_size": s.max_model_batch_size,
         "triton_launch_mode": "local",
-        "triton_server_path": str(write_wrapper(run_dir)),
+        "triton_server_path": str(write_wrapper(run_dir, s.server_cores)),
         "triton_http_endpoint": f"127.0.0.1:{http}",
         "triton_grpc_endpoint": f"127.0.0.1:{grpc}",
         "triton_metrics_url": f"http://127.0.0.1:{metrics}/metrics",
@@ -330,22 +357,26 @@ def model_analyzer(
 def _follow(process: subprocess.Popen, log_path: Path, timeout_s: float, progress: bool) -> None:
     """Wait for Model Analyzer, showing each measurement it starts, up to the deadline."""
 
-    deadline = time.monotonic() + timeout_s
     seen = 0
     with tqdm(desc="model-analyzer", unit=" measurement", disable=not progress) as bar:
-        while process.poll() is None:
-            if time.monotonic() > deadline:
-                raise ToolTimeoutError(
-                    f"model-analyzer ran past its bound of {timeout_s:g} s and was stopped; "
-                    f"narrow the search (fewer concurrencies, batch sizes, instances) or pass "
-                    f"timeout_s= a larger bound.\n{tail(log_path.read_text(), 10)}"
-                )
+
+        def ended() -> bool:
+            nonlocal seen
+            if process.poll() is not None:
+                return True
             lines = re.findall(r"Profiling (\S+): (.*)", log_path.read_text(errors="replace"))
             if len(lines) > seen:
                 bar.update(len(lines) - seen)
                 bar.set_postfix_str(" ".join(lines[-1])[:60])
                 seen = len(lines)
-            time.sleep(1.0)
+            return False
+
+        if not wait_until(ended, timeout_s, 1.0):
+            raise ToolTimeoutError(
+                f"model-analyzer ran past its bound of {timeout_s:g} s and was stopped; "
+                f"narrow the search (fewer concurrencies, batch sizes, instances) or pass "
+                f"timeout_s= a larger bound.\n{tail(log_path.read_text(), 10)}"
+            )
 
 
 #: model_analyzer.constants.MAX_NUMBER_OF_INTERRUPTS in 1.58.
@@ -370,20 +401,15 @@ def _end_everything(process: subprocess.Popen, run_dir: Path) -> None:
     pids = run_dir / "tritonserver.pids"
     for line in pids.read_text().split() if pids.is_file() else []:
         kill_group(int(line), signal.SIGKILL)  # each server leads its own session
-    for pid in leftover_servers(run_dir):
-        kill_group(pid, signal.SIGKILL)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    for process in processes_using(run_dir):
+        kill_group(process.pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            process.kill()  # psutil checks it is still the process found, not a reused PID
 
 
 def leftover_servers(run_dir: str | os.PathLike) -> list[int]:
-    """PIDs of processes whose command line mentions ``run_dir`` (servers, stubs)."""
-    done = subprocess.run(
-        ["pgrep", "-f", str(run_dir)], capture_output=True, text=True, check=False
-    )
-    return [int(p) for p in done.stdout.split() if int(p) != os.getpid()]
+    """PIDs of processes with an argument in ``run_dir`` (servers, stubs, perf_analyzer)."""
+    return [process.pid for process in processes_using(run_dir)]
 
 
 def load_results(run_dir: str | os.PathLike) -> AnalyzerResult:
