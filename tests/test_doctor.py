@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import http.server
 import json
 import os
@@ -20,6 +22,8 @@ from labkit import doctor
 from labkit.cli import main
 from labkit.proc import free_port
 from labkit.server import ServerBinary, locate_tritonserver
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.integration
@@ -402,3 +406,61 @@ def test_the_doctor_warns_without_the_vllm_environment(tmp_path, monkeypatch):
     check = doctor.check_vllm_env()
     assert (check.status, check.fix) == ("warn", "run make install")
     assert "smollm2_vllm model cannot load" in check.detail
+
+
+# -- the system tools the lab runs ----------------------------------------------------------------
+def test_a_system_tool_is_found_with_its_version_or_named_with_its_fix_with_fakes(
+    tmp_path, monkeypatch
+):
+    # Fake: haproxy and setpriv are installed here; an empty PATH (and no /usr/sbin) is a host
+    # without them, and a fake haproxy first on PATH stands in for an installed one.
+    haproxy = dataclasses.replace(doctor.SYSTEM_TOOLS["haproxy"], also=())
+    monkeypatch.setenv("PATH", str(tmp_path))
+    missing = doctor.check_tool(haproxy)
+    assert (missing.status, missing.fix) == (
+        "warn",
+        "sudo apt-get install -y haproxy (make install does it as root)",
+    )
+    assert missing.detail.startswith("haproxy is not installed; the lab runs it for the balancer")
+    _fake_tool(tmp_path, "haproxy", 'echo "HAProxy version 2.6.12-1+deb12u4"')
+    found = doctor.check_tool(haproxy)
+    assert found == doctor.Check(
+        "haproxy",
+        "ok",
+        f"{tmp_path / 'haproxy'} (HAProxy version 2.6.12-1+deb12u4), for the balancer in front "
+        "of notebook 07's replicas (labkit.cluster)",
+    )
+    _fake_tool(tmp_path, "setpriv", 'echo "setpriv: cannot run here" >&2; exit 3')
+    broken = doctor.check_tool(doctor.SYSTEM_TOOLS["setpriv"])
+    assert broken.status == "warn" and "exited with 3: setpriv: cannot run here" in broken.detail
+
+
+def test_every_program_labkit_runs_by_name_has_a_doctor_row():
+    """A program named in shutil.which(...) or as the first word of a command is checked by
+    doctor: by its own row (SYSTEM_TOOLS) or by the check named here."""
+    checked_elsewhere = {
+        "docker": "docker", "nvidia-ctk": "docker gpu", "nvidia-container-runtime-hook": "docker gpu",
+        "ldd": "python backend", "nvidia-smi": "gpu", "neuron-ls": "neuron",
+        "tritonserver": "tritonserver", "perf_analyzer": "perf analyzer",
+        "model-analyzer": "model analyzer",
+        "aiperf": None,  # a Python tool in .venv-aiperf (make install); its errors name the fix
+        "bash": None,  # make install itself runs in it
+    }  # fmt: skip
+    named = set()
+    for path in (ROOT / "labkit").rglob("*.py"):
+        if {"templates", "gpu_check"} & set(path.relative_to(ROOT / "labkit").parts):
+            continue  # model code runs in Triton; the GPU check runs on a bare host
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.List) and first.elts:
+                    first = first.elts[0]
+                callee = ast.unparse(node.func)
+                runs = callee in ("shutil.which", "proc.run", "subprocess.run", "subprocess.Popen")
+                if runs and isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    named.add(first.value)
+    assert {"haproxy", "setpriv", "docker"} <= named  # the scan sees what it should
+    unchecked = named - set(doctor.SYSTEM_TOOLS) - set(checked_elsewhere)
+    assert unchecked == set(), "give these a row in doctor.SYSTEM_TOOLS"
+    rows = {check.__name__.removeprefix("check_").replace("_", " ") for check in doctor.CHECKS}
+    assert set(doctor.SYSTEM_TOOLS) | {c for c in checked_elsewhere.values() if c} <= rows
