@@ -11,6 +11,9 @@ hidden state (384 floats per token, about 25 times the pooled vector for a 25-to
 shared memory and pay one more stub round trip, to do a sum and a division that take microseconds.
 On a GPU the whole step (encoder and pooling) becomes one TensorRT or ONNX graph.
 
+A ``KIND_GPU`` instance runs the encoder on its GPU (``cuda:<device id>``), as ``minilm`` does;
+the ids cross to the GPU and only the pooled vectors come back.
+
 The inputs allow ragged batches (``allow_ragged_batch``): requests whose texts have different
 token counts are batched together by Triton's dynamic batcher, padded here to the longest one
 (the mask keeps the padding out of the mean) and encoded in one forward pass.
@@ -36,11 +39,16 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.normalize = (params.get("normalize") or "true").strip().lower() in ("true", "1", "yes")
         source = resolve_source(params.get("huggingface_model", ""), args["model_repository"])
+        if args.get("model_instance_kind") == "GPU":
+            self.device = torch.device(f"cuda:{args.get('model_instance_device_id', 0)}")
+        else:
+            self.device = torch.device("cpu")
         self.threads = int(params.get("num_threads") or 0) or thread_budget(config)
         torch.set_num_threads(self.threads)
-        self.model = AutoModel.from_pretrained(source).eval()
+        self.model = AutoModel.from_pretrained(source).to(self.device).eval()
         pb_utils.Logger.log_info(
-            f"{args['model_name']}: encoder from {source}, {self.threads} torch thread(s)"
+            f"{args['model_name']}: encoder from {source} on {self.device}, "
+            f"{self.threads} torch thread(s)"
         )
 
     def execute(self, requests: list) -> list:
@@ -64,14 +72,14 @@ class TritonPythonModel:
         length = max(a.shape[-1] for a in ids)
         rows = [pad(a.reshape(-1, a.shape[-1]), length) for a in ids]
         mask_rows = [pad(m.reshape(-1, m.shape[-1]), length) for m in masks]
-        batch_ids = torch.from_numpy(np.concatenate(rows))
-        batch_mask = torch.from_numpy(np.concatenate(mask_rows))
+        batch_ids = torch.from_numpy(np.concatenate(rows)).to(self.device)
+        batch_mask = torch.from_numpy(np.concatenate(mask_rows)).to(self.device)
         with torch.inference_mode():
             hidden = self.model(input_ids=batch_ids, attention_mask=batch_mask).last_hidden_state
             vectors = mean_pool(hidden, batch_mask)
             if self.normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=1)
-        return vectors.float().numpy()
+        return vectors.float().cpu().numpy()
 
     def finalize(self) -> None:
         self.model = None
