@@ -248,7 +248,26 @@ def test_measure_arrivals_paces_the_load_and_waits_for_triton_to_count_it(monkey
     assert FakeLoad.made[0]["endpoint"] == "infer"
     assert row["batch"] == 3.0 and row["queue_ms"] == 1500.0
     assert row["model_ms_per_request"] == 300.0  # one execution of 900 ms served 3
+    assert row["seconds"] == 8.0  # the last answer came after 6 gaps of 0.5 s: its own span
+    FakeLoad.made.clear()
+    row = batching.measure_arrivals(FakeServer(), "m", every_s=2.0, requests=6, prompt="Hi")
+    # 6 requests paced 2 s apart, all answered 8 s after the first send: counted over their
+    # 6 gaps (12 s, 0.5 a second, the pace), not the 5 gaps and an answer before the last
+    assert row["seconds"] == 12.0
     with pytest.raises(InferenceError, match="1 of 6 requests to 'broken' failed"):
         batching.measure_arrivals(FakeServer(), "broken", every_s=None, requests=6, prompt="Hi")
     with pytest.raises(ConfigError, match="every_s=0"):
         batching.measure_arrivals(FakeServer(), "m", every_s=0, requests=6, prompt="Hi")
+
+
+def test_each_delay_setting_has_one_name_in_every_table_and_the_paced_rate_is_the_pace():
+    rows = arrivals().assign(seconds=lambda f: f["requests"] * 1.3)  # kept up with the pace
+    rows.loc[rows["setting"] == batching.LONE, "seconds"] = 11.7
+    conclusion = batching.batching_conclusion(OFF, ON, rows, every_s=1.3, delay_us=3_250_000)
+    measured = batching.arrivals_table(rows).index
+    assert set(measured) == {batching.NO_DELAY, batching.DELAY, batching.LONE}
+    for setting in measured:  # the same words in the conclusion's table
+        assert setting in conclusion.table.index
+    assert conclusion.table.loc[batching.NO_DELAY, "requests/s"] == 0.77  # 1 / 1.3 s
+    assert conclusion.table.loc[batching.DELAY, "requests/s"] == 0.77
+    assert "(0.77 and 0.77 requests/s, at a pace of 0.77)" in conclusion.text

@@ -36,7 +36,8 @@ TUTORIAL_OFF = {1: 21.3841}  # infer/s, batching off (the tutorial measured only
 TUTORIAL_ON = {4: 31.8264, 8: 46.2105, 16: 53.6549}  # infer/s, dynamic_batching {}, max 8
 
 #: The settings :func:`delay_rounds` measures: paced arrivals without and with the queue delay
-#: (alternating), then one closed-loop client with the delay.
+#: (alternating), then one closed-loop client with the delay. Every table and chart names each
+#: setting by these words, and only these.
 NO_DELAY, DELAY, LONE = "paced, no delay", "paced, queue delay", "1 client, queue delay"
 #: How long to wait for Triton's counters to count the last answered request.
 COUNTERS_TIMEOUT_S = 10.0
@@ -127,6 +128,9 @@ def measure_arrivals(
     queue), ``compute_ms`` (average compute per execution: each request of a batch is charged the
     whole execution), ``model_ms_per_request`` (compute per execution over the batch: the model's
     time each request cost), and the client's ``p50_ms``, from Triton's counters over the load.
+    ``seconds`` is the time the requests are counted over: from the first send to the last
+    answer, and for paced arrivals at least ``requests`` gaps (the last request's own gap ends
+    after it is sent, so ``requests`` paced at 1.25 a second count as 1.25 a second, not more).
     """
     if requests < 1 or (every_s is not None and every_s <= 0):
         raise ConfigError(
@@ -153,6 +157,9 @@ def measure_arrivals(
             f"{summary['failures_by_cause']}"
         )
     served = _served_since(server, model, before, summary["answered"])
+    seconds = float(summary["seconds"])
+    if every_s:  # paced: counted over the requests' whole pacing, not up to the last answer
+        seconds = max(seconds, requests * every_s)
     batch = float(served["avg_batch_size"])
     compute = float(served["avg_compute_infer_ms"])
     return {
@@ -162,7 +169,7 @@ def measure_arrivals(
         "compute_ms": compute,
         "model_ms_per_request": compute / batch if batch else math.nan,
         "p50_ms": float(summary["p50_ms"]),
-        "seconds": float(summary["seconds"]),
+        "seconds": seconds,
     }
 
 
@@ -481,10 +488,14 @@ def _delay(
         f"(p50 latency {mean[NO_DELAY]['p50_ms'] / 1000:.1f} s without the delay, "
         f"{mean[DELAY]['p50_ms'] / 1000:.1f} s with it, over {rounds} alternating rounds each)."
     )
-    rows = [
-        _arrival_row(f"batching on, arrivals {pace}", mean[NO_DELAY]),
-        _arrival_row(f"{delay}delay, arrivals {pace}", mean[DELAY]),
-    ]
+    if every_s:
+        served = [_rate(mean[s]) for s in (NO_DELAY, DELAY)]
+        words += (
+            f" Both paced settings answered the requests as they came ({served[0]:.2f} and "
+            f"{served[1]:.2f} requests/s, at a pace of {1 / every_s:.2f}): a delay changes "
+            "what a request costs and how long it waits, not how many are answered."
+        )
+    rows = [_arrival_row(NO_DELAY, mean[NO_DELAY]), _arrival_row(DELAY, mean[DELAY])]
     if bigger > 0:
         line = [
             f"A queue delay pays only when requests arrive apart: here it made batches of "
@@ -498,7 +509,7 @@ def _delay(
         ]
     if lone is not None:
         figures["lone_client_queue_wait_ms"] = round(float(lone["queue_ms"]))
-        rows.append(_arrival_row(f"{delay}delay, 1 client", lone))
+        rows.append(_arrival_row(LONE, lone))
         words += (
             f" A lone client gains nothing from it: each of its requests waited "
             f"{lone['queue_ms'] / 1000:.1f} s in the queue, the whole delay, for company that "
@@ -511,10 +522,15 @@ def _delay(
     return words, line, figures, rows
 
 
+def _rate(row) -> float:
+    """Requests answered a second, over the time :func:`measure_arrivals` counted them."""
+    return float(row["requests"]) / float(row["seconds"])
+
+
 def _arrival_row(measured: str, row) -> dict:
     return {
         "measured": measured,
-        "requests/s": _cell(float(row["requests"]) / float(row["seconds"]), 2),
+        "requests/s": _cell(_rate(row), 2),
         "requests per execution": _cell(row["batch"], 2),
         "queue wait (ms)": _cell(row["queue_ms"]),
         "p50 latency (ms)": _cell(row["p50_ms"]),
