@@ -8,6 +8,7 @@ import pytest
 
 from labkit import lessons
 from labkit.errors import ConfigError
+from labkit.lessons import search
 from labkit.lessons.search import content_words, normalize
 
 STATION = "The central station has trains to the airport every ten minutes."
@@ -75,3 +76,36 @@ def test_the_lead_is_taken_between_the_scores_as_quoted():
     assert "by 0.028 (0.392 against 0.364)" in conclusion.text
     assert list(conclusion.table["similarity (cosine)"]) == [0.392, 0.364, 0.13]
     assert list(conclusion.table.columns[:2]) == ["passage", "similarity (cosine)"]
+
+
+def plan_table(*rows: tuple[str, float, float, str, str]) -> pd.DataFrame:
+    """A capacity plan's table: model, needed and free GiB, decision, served as."""
+    frame = pd.DataFrame(
+        rows, columns=["model", "needed (GiB)", "free before (GiB)", "decision", "serve as"]
+    )
+    return frame.assign(device="cpu").set_index("model")
+
+
+def test_a_refused_model_is_said_to_be_too_big_and_why_the_fallback_does_not_stand_in():
+    table = plan_table(
+        ("falcon7b", 31.4, 22.6, "replaced by opt125m", ""),
+        ("opt125m", 1.06, 22.6, "fallback for falcon7b", "opt125m"),
+        ("persimmon8b", 42.5, 21.6, "refused", ""),
+    )
+    words = search.plan_in_words(table, fallback="opt125m").splitlines()
+    assert words[0] == (
+        "falcon7b is too big to load here (it needs about 31.4 GiB and only 22.6 GiB of this "
+        "host's memory was left for it): replaced by opt125m."
+    )
+    assert (
+        "persimmon8b is not loaded: it is too big (it needs about 42.5 GiB and only 21.6"
+        in words[2]
+    )
+    assert "opt125m, is already served, so a second copy" in words[2]
+    alone = plan_table(("persimmon8b", 42.5, 21.6, "refused", ""))
+    assert "opt125m, does not fit either" in search.plan_in_words(alone, fallback="opt125m")
+    assert "no fallback is set" in search.plan_in_words(alone)
+    fits = search.plan_in_words(plan_table(("smollm2", 1.1, 22.6, "fits", "smollm2")))
+    assert fits == "smollm2 is loaded: it needs about 1.1 GiB of the 22.6 GiB left."
+    with pytest.raises(ConfigError, match="capacity plan's table"):
+        search.plan_in_words(pd.DataFrame({"model": ["m"]}))

@@ -1,4 +1,8 @@
-"""Notebook 02's lesson: what a semantic search's ranking shows, and only that.
+"""Notebook 02's lessons: what a memory plan decided and why, and what a semantic search's
+ranking shows, and only that.
+
+:func:`plan_in_words` says each model that a plan (:func:`labkit.capacity.plan`) did not load as
+asked, and why, in a learner's words: too big for the memory left, and what took its place.
 
 An embedding search is said to find a passage "even when it shares no word with the question".
 :func:`search_conclusion` says so only when the winning passage really shares no word with the
@@ -110,3 +114,50 @@ def search_conclusion(question: str, hits: pd.DataFrame) -> Conclusion:
             "meaning, not the words."
         )
     return Conclusion(table, figures, "\n".join(lines))
+
+
+def plan_in_words(table: pd.DataFrame, fallback: str | None = None) -> str:
+    """Why each model of a memory plan was loaded, replaced or refused, one sentence per model.
+
+    ``table`` is :attr:`labkit.capacity.Plan.table` (one row per model: ``needed (GiB)``,
+    ``free before (GiB)``, ``device``, ``decision``, ``serve as``); ``fallback`` is the model the
+    plan was given to serve instead of one that does not fit.
+    """
+    needed = {"needed (GiB)", "free before (GiB)", "device", "decision", "serve as"}
+    if not needed <= set(table.columns):
+        raise ConfigError(
+            f"plan_in_words() needs a capacity plan's table, with {sorted(needed)}; got "
+            f"columns {list(table.columns)}"
+        )
+    served = {str(name) for name in table["serve as"] if name}
+    lines = []
+    for model, row in table.iterrows():
+        memory = "the GPU's memory" if row["device"] == "gpu" else "this host's memory"
+        need, free = float(row["needed (GiB)"]), float(row["free before (GiB)"])
+        too_big = (
+            f"it needs about {need:.1f} GiB and only {free:.1f} GiB of {memory} was left for it"
+        )
+        decision = str(row["decision"])
+        if decision == "fits":
+            lines.append(
+                f"{model} is loaded: it needs about {need:.1f} GiB of the {free:.1f} GiB left."
+            )
+        elif decision.startswith("replaced by "):
+            lines.append(f"{model} is too big to load here ({too_big}): {decision}.")
+        elif decision.startswith("fallback for "):
+            lines.append(f"{model} takes its place: it needs about {need:.1f} GiB.")
+        elif fallback and fallback in served:
+            lines.append(
+                f"{model} is not loaded: it is too big ({too_big}), and the fallback, {fallback}, "
+                "is already served, so a second copy of it would only repeat the same answers."
+            )
+        elif fallback:
+            lines.append(
+                f"{model} is not loaded: it is too big ({too_big}), and the fallback, {fallback}, "
+                "does not fit either."
+            )
+        else:
+            lines.append(
+                f"{model} is not loaded: it is too big ({too_big}), and no fallback is set."
+            )
+    return "\n".join(lines)
