@@ -37,14 +37,40 @@ def test_a_gain_in_every_round_is_a_gain_explained_by_the_batches_and_called_cpu
     c = lessons.neuron_conclusion("cpu", comparison(2e-6), perf([100, 110], [250, 260]), CHECKS)
     assert "add_sub served 255 infer/s with 4 clients in flight against 105 with 1" in c.text
     assert "(x2.43 infer/s): more clients served more, in each of 2 rounds." in c.text
-    assert "the dynamic batcher joins them, 2.5 to a call on average (against 1.0 with 1)" in c.text
+    assert (
+        "the dynamic batcher joins them, 2.50 to a call on average (against 1.00 with 1)" in c.text
+    )
+    # x2.43 = x2.50 per call times x0.97 calls a second (255 / 2.5 = 102 against 105)
+    assert "x2.43 in requests a second is x2.50 in requests per call times x0.97" in c.text
+    assert (
+        "(102 against 105): the calls ran about as often as with one client, each answering more"
+        in c.text
+    )
     assert "These are CPU figures, not Inferentia's" in c.text
     assert "both models answer as in-process PyTorch does" in c.text
     assert c.figures["throughput_with_4_clients_against_1"] == lessons.Ratio(255 / 105, "infer/s")
     assert c.figures["throughput_infer_s_c1"] == 105 and len(c.figures) <= 6
     assert c.takeaway[1] == (
         "4 clients in flight against 1 gave x2.43 infer/s (255 against 105, in each of 2 rounds), "
-        "as Triton batched their requests; a CPU figure, not Inferentia's."
+        "as Triton batched their requests (2.50 a call); a CPU figure, not Inferentia's."
+    )
+    assert sentence_count(c.takeaway) == 3
+
+
+def test_a_gain_beyond_the_batch_is_said_to_come_from_calls_back_to_back():
+    # the run's figures: 1463 infer/s at 1 client, 3764 at 4 with 1.99 requests per call
+    c = lessons.neuron_conclusion(
+        "cpu", comparison(2e-6), perf([1461, 1465], [3792, 3736], batch=1.99), CHECKS
+    )
+    assert "joins them, 1.99 to a call on average (against 1.00 with 1)" in c.text
+    assert (
+        "The x2.57 in requests a second is x1.99 in requests per call times x1.29 in calls a "
+        "second (1891 against 1463): with a request always waiting" in c.text
+    )
+    assert c.takeaway[1] == (
+        "4 clients in flight against 1 gave x2.57 infer/s (3764 against 1463, in each of 2 "
+        "rounds), as Triton batched their requests (1.99 a call) and ran x1.29 as many calls a "
+        "second, back to back; a CPU figure, not Inferentia's."
     )
     assert sentence_count(c.takeaway) == 3
 

@@ -15,6 +15,8 @@ TOLERANCE = 1e-3
 DIFFERENCE = "largest difference from PyTorch"
 #: Above this many requests per call on average, the batcher visibly joined requests.
 JOINED = 1.1
+#: Calls a second that changed by this factor or more (either way) are said to have changed.
+CALLS_CHANGED = 1.05
 
 
 def _runs(perf: pd.DataFrame, level: int) -> list[float]:
@@ -31,6 +33,35 @@ def _batch(perf: pd.DataFrame, level: int) -> float:
         return math.nan
     sizes = perf.loc[perf["concurrency"] == level, "avg_batch_size"].dropna()
     return float(sizes.mean()) if len(sizes) else math.nan
+
+
+def _calls(low_mean: float, batch_low: float, high_mean: float, batch_high: float) -> float | None:
+    """How many times as many calls of the model a second ran at the highest level as at the
+    lowest: requests a second over requests per call (None when a batch was not measured)."""
+    if any(math.isnan(b) or b <= 0 for b in (batch_low, batch_high)):
+        return None
+    return (high_mean / batch_high) / (low_mean / batch_low)
+
+
+def _calls_words(
+    gain: float, batch_low: float, batch_high: float, calls: float, low_mean: float
+) -> str:
+    """The gain in requests a second split into requests per call times calls a second."""
+    if calls >= CALLS_CHANGED:
+        how = (
+            "with a request always waiting, the calls also follow each other without the idle "
+            "round trip between them"
+        )
+    elif calls <= 1 / CALLS_CHANGED:
+        how = f"a call of {batch_high:.2f} requests takes longer than a call of one"
+    else:
+        how = "the calls ran about as often as with one client, each answering more"
+    calls_low = low_mean / batch_low
+    return (
+        f"The x{gain:.2f} in requests a second is x{batch_high / batch_low:.2f} in requests per "
+        f"call times x{calls:.2f} in calls a second ({calls_low * calls:.0f} against "
+        f"{calls_low:.0f}): {how}."
+    )
 
 
 def measurements_table(perf: pd.DataFrame) -> pd.DataFrame:
@@ -112,13 +143,16 @@ def neuron_conclusion(
             f"{figures_said}: within the noise, since the rounds overlap or the change is under "
             f"x{GAIN:g}."
         )
+    calls = _calls(low_mean, batch_low, high_mean, batch_high)
     if joined:
         why = (
             f"Why: one client sends its next request only after its answer is back, so the "
             f"model idles during every round trip; with {high}, requests wait in Triton's queue "
-            f"and the dynamic batcher joins them, {batch_high:.1f} to a call on average (against "
-            f"{batch_low:.1f} with {low}), and one call of the model answers them all."
+            f"and the dynamic batcher joins them, {batch_high:.2f} to a call on average (against "
+            f"{batch_low:.2f} with {low}), and one call of the model answers them all."
         )
+        if calls is not None:
+            why += " " + _calls_words(scaling.value, batch_low, batch_high, calls, low_mean)
     else:
         why = (
             f"Why: add_sub's arithmetic takes microseconds, so a request's time is the trip "
@@ -149,7 +183,11 @@ def neuron_conclusion(
         "loss": f"{scaling}, a loss ({high_mean:.0f} against {low_mean:.0f}, {every})",
         "noise": f"{scaling}, within the noise ({high_mean:.0f} against {low_mean:.0f})",
     }[verdict]
-    because = ", as Triton batched their requests" if joined and verdict == "gain" else ""
+    because = ""
+    if joined and verdict == "gain":
+        because = f", as Triton batched their requests ({batch_high:.2f} a call)"
+        if calls is not None and calls >= CALLS_CHANGED:
+            because += f" and ran x{calls:.2f} as many calls a second, back to back"
     cpu = "" if on_device else "; a CPU figure, not Inferentia's"
     takeaway = (
         ("Compiled and served by Triton, both models answered as in-process PyTorch does"
