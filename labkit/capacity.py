@@ -40,6 +40,7 @@ from labkit.hardware import (
     host_memory,
     resolve_device,
 )
+from labkit.proc import python_stubs
 from labkit.repository.config import read_config
 from labkit.repository.models import BUILDERS, CATALOG, MARKER, model_folder
 from labkit.settings import cache_dir, hf_home, project_root
@@ -428,9 +429,6 @@ def plan(
 
 
 # -- what the served models hold --------------------------------------------------------------
-STUB = "triton_python_backend_stub"
-
-
 def served_memory(server: TritonServer) -> pd.DataFrame:
     """Memory of each served model's stub processes on a local server: resident host memory
     (RSS) and GPU memory (NVML; 0 without a GPU).
@@ -447,16 +445,13 @@ def served_memory(server: TritonServer) -> pd.DataFrame:
         )
     on_gpu = gpu_memory_by_pid()
     totals: dict[str, list[tuple[int, int]]] = {}
-    for child in psutil.Process(server.pid).children(recursive=True):
-        try:
-            argv = child.cmdline()
-            if len(argv) < 2 or not argv[0].endswith(STUB):
+    for name, processes in python_stubs(server.pid).items():
+        for stub in processes:
+            try:
+                rss = stub.memory_info().rss
+            except psutil.Error:  # a stub that ended meanwhile
                 continue
-            rss = child.memory_info().rss
-        except psutil.Error:  # a stub that ended meanwhile
-            continue
-        name = Path(argv[1]).parent.parent.name
-        totals.setdefault(name, []).append((rss, on_gpu.get(child.pid, 0)))
+            totals.setdefault(name, []).append((rss, on_gpu.get(stub.pid, 0)))
     columns = ["model", "processes", "resident (GiB)", "gpu (GiB)"]
     rows = [
         (m, len(r), round(sum(x for x, _ in r) / GIB, 3), round(sum(g for _, g in r) / GIB, 3))

@@ -182,6 +182,19 @@ def generate(
     return Generation(text if text is not None else "", raw, seconds)
 
 
+def infer_body(prompt: str, *, batched: bool = False, parameters: dict | None = None) -> dict:
+    """The JSON body of ``/v2/models/<model>/infer`` for one prompt (KServe v2): ``text_input``
+    as a BYTES tensor of shape ``[1]``, or ``[1, 1]`` for a model with a batch dimension, and the
+    request's ``parameters`` when there are any."""
+    shape = [1, 1] if batched else [1]
+    body: dict = {
+        "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": shape, "data": [prompt]}]
+    }
+    if parameters:
+        body["parameters"] = dict(parameters)
+    return body
+
+
 def curl_command(
     url: str,
     model: str,
@@ -199,12 +212,7 @@ def curl_command(
     if endpoint in ("generate", "generate_stream"):
         body: dict = {INPUT_NAME: prompt, **params}
     elif endpoint == "infer":
-        shape = [1, 1] if batched else [1]
-        body = {
-            "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": shape, "data": [prompt]}]
-        }
-        if params:
-            body["parameters"] = params
+        body = infer_body(prompt, batched=batched, parameters=params)
     else:
         raise ConfigError(
             f"endpoint {endpoint!r} is not supported; use 'infer', 'generate' or 'generate_stream'"
@@ -239,18 +247,7 @@ def infer_json(
     needs (the tutorial's ``[1]`` is then refused). Refusals raise :class:`InferenceError` with
     Triton's message.
     """
-    body = {
-        "inputs": [
-            {
-                "name": INPUT_NAME,
-                "datatype": "BYTES",
-                "shape": [1, 1] if batched else [1],
-                "data": [prompt],
-            }
-        ]
-    }
-    if params:
-        body["parameters"] = params
+    body = infer_body(prompt, batched=batched, parameters=params)
     request = urllib.request.Request(
         f"http://{server_address(url)}/v2/models/{model}/infer",
         data=json.dumps(body).encode(),

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from labkit import streaming
-from labkit.client import INPUT_NAME, error_text, model_batches, server_address
+from labkit.client import INPUT_NAME, error_text, infer_body, model_batches, server_address
 from labkit.errors import ConfigError, InferenceError, ServerTimeoutError
 
 if TYPE_CHECKING:
@@ -177,11 +177,7 @@ class Load:
             return b""  # labkit.streaming builds the request
         if self.endpoint == "generate":
             return json.dumps({INPUT_NAME: prompt, **merged}).encode()
-        tensor = {"name": INPUT_NAME, "datatype": "BYTES", "shape": [1, 1] if batched else [1]}
-        body: dict = {"inputs": [{**tensor, "data": [prompt]}]}
-        if merged:
-            body["parameters"] = merged
-        return json.dumps(body).encode()
+        return json.dumps(infer_body(prompt, batched=bool(batched), parameters=merged)).encode()
 
     # -- the threads ---------------------------------------------------------------------------
     def _claim(self) -> tuple[int, float] | None:

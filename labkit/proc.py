@@ -1,5 +1,7 @@
 """Every short external command goes through :func:`run`, every long-running child through
-:func:`spawn`; ports are chosen and checked here."""
+:func:`spawn`; ports are chosen and checked here. A server's processes are walked here
+(:func:`process_tree`, :func:`python_stubs`), leftovers found by their arguments
+(:func:`processes_using`), and every "poll until a deadline" loop is :func:`wait_until`."""
 
 from __future__ import annotations
 
@@ -17,13 +19,19 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
 
 from labkit.errors import MissingDependencyError, PortInUseError, ToolError, ToolTimeoutError
 from labkit.settings import redact
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def run(
@@ -87,15 +95,109 @@ def wait_group_gone(pgid: int, timeout_s: float) -> bool:
     """Wait (bounded) until no process of group ``pgid`` exists any more, so that "stopped" means
     gone: processes SIGKILLed with their group leader are reaped by init a moment later. Returns
     whether the group is gone; a group that outlives ``timeout_s`` is logged."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return True
-        time.sleep(0.05)
+        return False
+
+    if wait_until(gone, timeout_s, 0.05):
+        return True
     log.warning("process group %d still had members %g s after stop", pgid, timeout_s)
     return False
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    interval_s: float = 0.1,
+    *,
+    max_interval_s: float | None = None,
+) -> T:
+    """Call ``predicate`` every ``interval_s`` until it returns something true, and return that;
+    once ``timeout_s`` has passed, return its last (false) answer instead. It is called at least
+    once, and its own errors are raised. With ``max_interval_s`` the pause grows by half at each
+    call up to that bound (a readiness poll that answers fast at first and then stops hurrying).
+    """
+    deadline = time.monotonic() + timeout_s
+    pause = interval_s
+    while True:
+        answer = predicate()
+        if answer or time.monotonic() > deadline:
+            return answer
+        time.sleep(pause)
+        if max_interval_s is not None:
+            pause = min(pause * 1.5, max_interval_s)
+
+
+# -- a server's processes ------------------------------------------------------------------------
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process ``pid`` and all its descendants (a server and its stubs); raises
+    :class:`psutil.NoSuchProcess` when ``pid`` is gone."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def tree_total(pid: int, measure: Callable[[psutil.Process], float]) -> float:
+    """``measure`` summed over :func:`process_tree` of ``pid``; a process that ends meanwhile
+    counts nothing."""
+    total = 0.0
+    for process in process_tree(pid):
+        try:
+            total += measure(process)
+        except psutil.Error:
+            continue
+    return total
+
+
+STUB = "triton_python_backend_stub"
+
+
+def python_stubs(pid: int) -> dict[str, list[psutil.Process]]:
+    """The live Python-backend stubs of the tritonserver ``pid``: model name -> its processes.
+
+    Each instance of a Python-backend model runs in its own stub, a child of ``tritonserver``
+    whose command line names the ``model.py`` it runs (``<repo>/<model>/<version>/model.py``);
+    a stub that has died (a zombie) or ended is not listed. Only children: what a stub starts
+    itself (an engine's workers) is not a stub.
+    """
+    found: dict[str, list[psutil.Process]] = {}
+    for child in psutil.Process(pid).children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or not child.name().startswith(
+                STUB[:15]  # the kernel keeps 15 characters of a process name
+            ):
+                continue
+            args = child.cmdline()
+        except psutil.Error:
+            continue
+        if len(args) > 1 and args[1].endswith(".py"):
+            found.setdefault(Path(args[1]).parent.parent.name, []).append(child)
+    return found
+
+
+def processes_using(folder: str | os.PathLike) -> list[psutil.Process]:
+    """Processes other than this one with a command-line argument that is ``folder`` or a path in
+    it, alone or as an option's value (``--model-repository=<folder>/models``): the servers, stubs
+    and tools a run in ``folder`` started. Arguments are compared as paths, not as a pattern, and
+    a process that ends meanwhile is left out."""
+    root = os.path.abspath(os.fspath(folder))
+    inside = root.rstrip(os.sep) + os.sep
+
+    def names(arg: str) -> bool:
+        value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
+        return value == root or value.startswith(inside)
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and any(names(a) for a in process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def tail(text: str, lines: int = 30) -> str:
@@ -286,3 +388,20 @@ class Addresses:
     def client_host(self) -> str:
         """Where a client on this machine connects: the loopback for a wildcard bind."""
         return "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+
+
+class Child:
+    """``pid`` and ``running`` of an object that runs one child process (``_process``, None
+    before its start), as a server or a load balancer does."""
+
+    _process: subprocess.Popen | None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process ID, or None if it was never started here."""
+        return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the child was started and has not exited."""
+        return self._process is not None and self._process.poll() is None

@@ -36,8 +36,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
-
 from labkit import proc, profiling
 from labkit.errors import ConfigError, ToolError
 from labkit.hardware import host_facts
@@ -82,14 +80,7 @@ class SoakSettings:
 def server_memory(pid: int) -> int:
     """Resident bytes of a process and all its descendants (tritonserver and its stubs)."""
 
-    total = 0
-    root = psutil.Process(pid)
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:
-            continue
-    return total
+    return int(proc.tree_total(pid, lambda process: process.memory_info().rss))
 
 
 def _perf_analyzer(server, settings: SoakSettings, run_dir: Path) -> dict:
@@ -182,9 +173,8 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         "failed": len(load.failures()),
         "errors": sorted({o.error for o in load.failures()})[:3],
     }
-    deadline = time.monotonic() + 60
-    while old & set(stubs(server).get(settings.model, [])) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the replaced instance's stub is still finishing
+    # the replaced instance's stub is still finishing
+    proc.wait_until(lambda: not old & set(stubs(server).get(settings.model, [])), 60, 0.2)
     victims = sorted(set(stubs(server).get(settings.model, [])) - old)
     if not victims:
         figures["stub_kill"] = {"skipped": f"{settings.model} has no Python stub process"}
@@ -194,9 +184,7 @@ def fault_phase(server, settings: SoakSettings) -> dict:
         load.wait_for(settings.fault_threads)
         killed = time.monotonic()
         os.kill(victims[0], signal.SIGKILL)
-        deadline = killed + half
-        while settings.model not in unhealthy(server) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        proc.wait_until(lambda: settings.model in unhealthy(server), half, 0.1)
         recovering = time.monotonic()
         reloaded_models = recover(server)
         recovered = time.monotonic()

@@ -52,6 +52,18 @@ def test_the_tutorial_curl_line_is_what_curl_command_prints():
     )
 
 
+def test_the_curl_line_and_a_load_send_the_same_infer_body():
+    from labkit.load import Load
+
+    line = client.curl_command("h:1", "m", "Hi", batched=True, max_tokens=3)
+    printed = json.loads(shlex.split(line)[-1])
+    assert printed == client.infer_body("Hi", batched=True, parameters={"max_tokens": 3})
+    assert printed["inputs"][0]["shape"] == [1, 1] and printed["parameters"] == {"max_tokens": 3}
+    load = Load("h:1", "m", endpoint="infer", batched=True)
+    assert json.loads(load._body("Hi", None, 3, True)) == printed
+    assert "parameters" not in client.infer_body("Hi")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_client_learns_whether_a_model_batches(server, protocol):

@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,7 +187,7 @@ def render_config(
     return "\n".join(lines) + "\n"
 
 
-class HAProxy:
+class HAProxy(proc.Child):
     """One HAProxy process in its own process group, configured by :func:`render_config`."""
 
     def __init__(
@@ -210,14 +209,6 @@ class HAProxy:
         self._process: subprocess.Popen | None = None
         self._log_file = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
     def start(self) -> HAProxy:
         """Check the configuration (``haproxy -c``), start HAProxy, wait for its admin socket."""
         if self.running:
@@ -233,23 +224,25 @@ class HAProxy:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
+
+        def answers() -> bool:
             if self._process.poll() is not None:
                 code = self._process.returncode
                 self.stop()
                 raise ServerError(f"haproxy exited with status {code}.\n{self.log_tail()}")
             try:
                 self.command("show info")
-                return self
             except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise ServerTimeoutError(
-                        f"haproxy's admin socket {str(self.socket_path)!r} did not answer within "
-                        f"{self.startup_timeout_s:g} s.\n{self.log_tail()}"
-                    ) from None
-                time.sleep(0.05)
+                return False
+            return True
+
+        if not proc.wait_until(answers, self.startup_timeout_s, 0.05):
+            self.stop()
+            raise ServerTimeoutError(
+                f"haproxy's admin socket {str(self.socket_path)!r} did not answer within "
+                f"{self.startup_timeout_s:g} s.\n{self.log_tail()}"
+            )
+        return self
 
     def command(self, line: str, timeout_s: float = 5.0) -> str:
         """One command on the admin socket (``show stat``, ``set server ...``); its answer."""

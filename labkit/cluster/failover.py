@@ -28,7 +28,6 @@ import logging
 import os
 import re
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -39,7 +38,7 @@ import pandas as pd
 from labkit import client, proc
 from labkit.cluster import ready_check
 from labkit.cluster.balancer import REPLICA_HEADER
-from labkit.cluster.pool import FAULTS, Cluster
+from labkit.cluster.pool import FAULTS, Cluster, PoolWatch
 from labkit.errors import ConfigError, InferenceError, ServerTimeoutError, ToolError
 from labkit.load import Load, Outcome
 
@@ -65,62 +64,6 @@ def requests_frame(outcomes: list[Outcome], origin: float = 0.0) -> pd.DataFrame
     ]
     columns = ["sent_s", "done_s", "latency_ms", "status", "replica", "ok", "error"]
     return pd.DataFrame(rows, columns=columns)
-
-
-class PoolWatch:
-    """Polls HAProxy's view of the pool every ``interval_s`` and keeps each change of state, and
-    HAProxy's count of the requests it sent each replica (``stot``) at each look."""
-
-    def __init__(self, cluster: Cluster, interval_s: float = 0.02) -> None:
-        self.cluster = cluster
-        self.interval_s = interval_s
-        self.changes: list[tuple[float, str, str]] = []
-        # per replica, each out-of-the-pool spell: HAProxy's request count at its first and at
-        # its last look out of the pool (both read with the state, from the same snapshot)
-        self.out_spells: dict[str, list[list[int]]] = {}
-        self._state: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="labkit-pool-watch", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                view = self.cluster.balancer.servers()
-            except OSError:
-                continue
-            now = time.monotonic()
-            for name, row in view.items():
-                status = row["status"].split()[0]  # "DOWN 1/2" while going down -> DOWN
-                sent = int(row.get("stot") or 0)
-                changed = self._state.get(name) != status
-                if changed:
-                    self._state[name] = status
-                    self.changes.append((now, name, status))
-                if status != "UP":
-                    spells = self.out_spells.setdefault(name, [])
-                    if changed or not spells:
-                        spells.append([sent, sent])
-                    spells[-1][1] = sent
-
-    def sent_while_out(self, replica: str) -> int:
-        """Requests HAProxy sent ``replica`` while it was out of the pool, by HAProxy's own
-        count: between the first and the last look that saw it out, over every spell."""
-        return sum(last - first for first, last in self.out_spells.get(replica, []))
-
-    def first(self, replica: str, status_is_up: bool, after: float) -> float | None:
-        """The first time after ``after`` that ``replica`` became UP (or anything but UP)."""
-        for t, name, status in list(self.changes):
-            if name == replica and t >= after and (status == "UP") == status_is_up:
-                return t
-        return None
-
-    def __enter__(self) -> PoolWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 @dataclass
@@ -247,11 +190,16 @@ def what_probes_see(
 
 
 def _wait(condition, timeout_s: float, what: str) -> float:
-    deadline = time.monotonic() + timeout_s
-    while (value := condition()) is None:
-        if time.monotonic() > deadline:
-            raise ServerTimeoutError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(0.02)
+    """The first value of ``condition`` that is not None (a moment), polled every 20 ms."""
+    value = None
+
+    def happened() -> bool:
+        nonlocal value
+        value = condition()
+        return value is not None
+
+    if not proc.wait_until(happened, timeout_s, 0.02):
+        raise ServerTimeoutError(f"{what} did not happen within {timeout_s:g} s")
     return value
 
 

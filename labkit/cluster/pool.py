@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from labkit.cluster.balancer import (
 )
 from labkit.cluster.health import ReadinessEndpoint
 from labkit.errors import ConfigError, LabkitError, ServerError, ServerTimeoutError
-from labkit.proc import Addresses, free_port
+from labkit.proc import Addresses, free_port, wait_until
 from labkit.server import TritonServer, recover, stubs
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ class Cluster(Addresses):
         self._batched: dict[str, bool] = {}  # model -> its requests carry a batch dimension
         self._in_pool: dict[str, bool] = {}  # HAProxy's view at the supervisor's last look
         self._supervisor: threading.Thread | None = None
-        self._pool_watcher: threading.Thread | None = None
+        self._pool_watcher: PoolWatch | None = None
         self._socket_dir: str | None = None
         self.started_at: float | None = None
 
@@ -203,10 +204,7 @@ class Cluster(Addresses):
         )
         self._supervisor.start()
         # Its own thread: the supervisor is busy for seconds while it starts a replacement.
-        self._pool_watcher = threading.Thread(
-            target=self._watch_pool, name="labkit-cluster-pool-watcher", daemon=True
-        )
-        self._pool_watcher.start()
+        self._pool_watcher = PoolWatch(self, 0.05, on_change=self._pool_changed).start()
         return self
 
     def _new_server(
@@ -256,14 +254,11 @@ class Cluster(Addresses):
     def wait_ready(self, timeout_s: float = 30.0, count: int | None = None) -> None:
         """Wait until ``count`` replicas (default: all) are UP in HAProxy."""
         count = self.size if count is None else count
-        deadline = time.monotonic() + timeout_s
-        while len(self.in_pool()) < count:
-            if time.monotonic() > deadline:
-                raise ServerTimeoutError(
-                    f"{len(self.in_pool())} of {count} replicas were in the pool after "
-                    f"{timeout_s:g} s:\n{self.pool().to_string()}"
-                )
-            time.sleep(0.05)
+        if not wait_until(lambda: len(self.in_pool()) >= count, timeout_s, 0.05):
+            raise ServerTimeoutError(
+                f"{len(self.in_pool())} of {count} replicas were in the pool after "
+                f"{timeout_s:g} s:\n{self.pool().to_string()}"
+            )
 
     def in_pool(self) -> list[str]:
         """The replicas HAProxy sends requests to now."""
@@ -435,18 +430,13 @@ class Cluster(Addresses):
                 replica.replacing = True
                 self._replace(replica)  # in this thread, which outlives the new server
 
-    def _watch_pool(self, interval_s: float = 0.05) -> None:
-        """Record each replica leaving and rejoining HAProxy's pool (its view, every 50 ms)."""
-        while not self._stopping.wait(interval_s):
-            try:
-                view = self.balancer.servers()
-            except (OSError, AttributeError):  # HAProxy stopping: the cluster is stopping too
-                continue
-            for name, row in view.items():
-                up = row["status"].split()[0] == "UP"  # "UP 1/2": going down, still in
-                if self._in_pool.get(name, True) != up:
-                    self._in_pool[name] = up
-                    self._event(name, "in the pool" if up else "out of the pool")
+    def _pool_changed(self, name: str, status: str) -> None:
+        """Record a replica leaving or rejoining HAProxy's pool ("UP 1/2": going down, still in;
+        a change between two states out of it, DOWN to MAINT, is no event)."""
+        up = status == "UP"
+        if self._in_pool.get(name, True) != up:
+            self._in_pool[name] = up
+            self._event(name, "in the pool" if up else "out of the pool")
 
     def _replace(self, replica: Replica) -> None:
         """Stop what is left of a dead replica (stubs, shared memory) and start a new server on
@@ -476,14 +466,14 @@ class Cluster(Addresses):
         """Stop HAProxy, the readiness endpoints and every replica (process groups, stubs,
         shared memory). Safe to call twice, or never started; also run at interpreter exit."""
         self._stopping.set()
+        if self._pool_watcher is not None:
+            self._pool_watcher.stop(timeout_s=1)
+            self._pool_watcher = None
         if self._supervisor is not None:
             # A supervisor that is starting a replacement stays in that start until it fails:
             # the server it started is stopped below, with the others.
             self._supervisor.join(timeout=1)
             self._supervisor = None
-        if self._pool_watcher is not None:
-            self._pool_watcher.join(timeout=1)
-            self._pool_watcher = None
         if self.balancer is not None:
             self.balancer.stop()
         for replica in self.replicas:
@@ -531,6 +521,84 @@ _POOL_WORDS = {
     "in_flight": "requests in flight",
     "requests": "requests sent to it",
 }
+
+
+class PoolWatch:
+    """Polls HAProxy's view of a cluster's pool every ``interval_s``, in a thread of its own, and
+    keeps each change of a replica's state (``changes``: when, replica, the status's first word:
+    ``UP``, ``DOWN``, ``MAINT``; "DOWN 1/2" while going down is DOWN) and HAProxy's count of the
+    requests it sent each replica (``stot``) at each look out of the pool. ``on_change(replica,
+    status)`` is called at each change, the first look at each replica included.
+
+    The cluster watches its own pool with one (its events "in the pool" / "out of the pool");
+    :func:`labkit.cluster.failover.failover` watches with another, closer (every 20 ms).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        interval_s: float = 0.02,
+        on_change: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self.changes: list[tuple[float, str, str]] = []
+        # per replica, each out-of-the-pool spell: HAProxy's request count at its first and at
+        # its last look out of the pool (both read with the state, from the same snapshot)
+        self.out_spells: dict[str, list[list[int]]] = {}
+        self._state: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="labkit-pool-watch", daemon=True)
+
+    def start(self) -> PoolWatch:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                view = self.cluster.balancer.servers()
+            except (OSError, AttributeError):  # HAProxy stopping: the cluster is stopping too
+                continue
+            now = time.monotonic()
+            for name, row in view.items():
+                status = row["status"].split()[0]
+                sent = int(row.get("stot") or 0)
+                changed = self._state.get(name) != status
+                if changed:
+                    self._state[name] = status
+                    self.changes.append((now, name, status))
+                    if self.on_change is not None:
+                        self.on_change(name, status)
+                if status != "UP":
+                    spells = self.out_spells.setdefault(name, [])
+                    if changed or not spells:
+                        spells.append([sent, sent])
+                    spells[-1][1] = sent
+
+    def sent_while_out(self, replica: str) -> int:
+        """Requests HAProxy sent ``replica`` while it was out of the pool, by HAProxy's own
+        count: between the first and the last look that saw it out, over every spell."""
+        return sum(last - first for first, last in self.out_spells.get(replica, []))
+
+    def first(self, replica: str, status_is_up: bool, after: float) -> float | None:
+        """The first time after ``after`` that ``replica`` became UP (or anything but UP)."""
+        for t, name, status in list(self.changes):
+            if name == replica and t >= after and (status == "UP") == status_is_up:
+                return t
+        return None
+
+    def __enter__(self) -> PoolWatch:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def start_cluster(

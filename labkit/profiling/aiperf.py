@@ -408,18 +408,10 @@ def server_cpu_s(server) -> float:
     pid = getattr(server, "pid", None)
     if not pid:
         return float("nan")
-    total = 0.0
     try:
-        root = psutil.Process(pid)
-        for process in [root, *root.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-                total += times.user + times.system
-            except psutil.Error:
-                continue
+        return proc.tree_total(pid, lambda process: sum(process.cpu_times()[:2]))  # user + system
     except psutil.Error:
         return float("nan")
-    return total
 
 
 def _slug(name: str) -> str:

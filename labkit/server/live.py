@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import psutil
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from labkit.errors import ConfigError, MissingFileError, ServerError
+from labkit.proc import python_stubs, wait_until
 from labkit.repository import STREAM_SUFFIX, Repository, write_streaming_twin
 from labkit.repository.config import ModelConfig, check_name
 from labkit.repository.textgen import instance_count
@@ -115,16 +114,10 @@ def _wait_old_stubs_gone(server: TritonServer, name: str, timeout_s: float = 60.
     if not getattr(server, "running", False):
         return  # a remote server's processes are not ours to see
     want = instance_count(served_config(server, name))
-    deadline = time.monotonic() + timeout_s
-    while len(stubs(server).get(name, [])) > want:
-        if time.monotonic() > deadline:
-            log.warning(
-                "%s: the old instances' stubs were still running %g s after the reload",
-                name,
-                timeout_s,
-            )
-            return
-        time.sleep(0.1)
+    if not wait_until(lambda: len(stubs(server).get(name, [])) <= want, timeout_s):
+        log.warning(
+            "%s: the old instances' stubs were still running %g s after the reload", name, timeout_s
+        )
 
 
 def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float = 120.0) -> int:
@@ -246,19 +239,8 @@ def stubs(server: TritonServer) -> dict[str, list[int]]:
             f"{server!r} is not a running local server; stub processes can only be seen for a "
             "server this process started (mode='local')"
         )
-    found: dict[str, list[int]] = {}
-    for child in psutil.Process(server.pid).children():
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE or not child.name().startswith(
-                "triton_python"
-            ):
-                continue
-            args = child.cmdline()
-        except psutil.Error:
-            continue
-        if len(args) > 1 and args[1].endswith(".py"):
-            found.setdefault(Path(args[1]).parent.parent.name, []).append(child.pid)
-    return {name: sorted(pids) for name, pids in sorted(found.items())}
+    found = python_stubs(server.pid)
+    return {name: sorted(p.pid for p in found[name]) for name in sorted(found)}
 
 
 def unhealthy(server: TritonServer) -> dict[str, str]:

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
 import uuid
 import weakref
 from pathlib import Path
@@ -30,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
 from labkit.proc import (
     Addresses,
+    Child,
     check_port_free,
     free_ports,
     http_ok,
@@ -37,6 +37,7 @@ from labkit.proc import (
     spawn,
     tail,
     wait_group_gone,
+    wait_until,
 )
 from labkit.repository.config import check_name
 from labkit.server.image import require_image
@@ -62,7 +63,7 @@ PORT_ATTEMPTS = 3
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
 
 
-class TritonServer(Addresses):
+class TritonServer(Child, Addresses):
     """A Triton server this object owns (local, docker) or attaches to (remote).
 
     >>> with TritonServer("model_repository", http_port=0) as server:
@@ -143,14 +144,6 @@ class TritonServer(Addresses):
     @property
     def metrics_url(self) -> str:
         return f"http://{self.client_host}:{self.ports['metrics']}/metrics"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def __repr__(self) -> str:
         return f"TritonServer(mode={self.mode!r}, http={self.http_url!r}, running={self.running})"
@@ -330,24 +323,23 @@ class TritonServer(Addresses):
         readiness alone would let a caller read metrics from a port that is not listening yet.
         """
         bound = timeout_s or self.startup_timeout_s
-        deadline = time.monotonic() + bound
-        delay = 0.05
-        while True:
+        waiting_for: str | None = None
+
+        def ready() -> bool:
+            nonlocal waiting_for
             if self._process is not None:
                 self._shm_regions.update(_shm_regions(self._process.pid))
                 if self._process.poll() is not None:
                     self._raise_exited()
             waiting_for = self.not_ready()
-            if waiting_for is None:
-                return
-            if time.monotonic() > deadline:
-                raise ServerTimeoutError(
-                    f"Triton at {self.http_url} was not ready within {bound:g} s (still waiting "
-                    f"for {waiting_for}); pass startup_timeout_s= a larger bound if models are "
-                    f"large.\n{self.log_tail()}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
+            return waiting_for is None
+
+        if not wait_until(ready, bound, 0.05, max_interval_s=1.0):
+            raise ServerTimeoutError(
+                f"Triton at {self.http_url} was not ready within {bound:g} s (still waiting "
+                f"for {waiting_for}); pass startup_timeout_s= a larger bound if models are "
+                f"large.\n{self.log_tail()}"
+            )
 
     def is_ready(self) -> bool:
         """Whether every endpoint and requested model is ready now (see :meth:`wait_ready`)."""
@@ -498,18 +490,18 @@ class TritonServer(Addresses):
             raise ServerError(
                 f"Triton could not unload model {name!r}: {redact(exc.message())}"
             ) from exc
-        deadline = time.monotonic() + timeout_s
-        while True:
-            states = {row["name"]: row.get("state", "") for row in self.model_index()}
-            if states.get(name) not in ("READY", "UNLOADING"):
-                return
-            if time.monotonic() > deadline:
-                raise ServerTimeoutError(
-                    f"model {name!r} was still {states.get(name)} {timeout_s:g} s after the "
-                    "unload request; a request in flight may hold it; pass timeout_s= a larger "
-                    "bound"
-                )
-            time.sleep(0.1)
+        state = None
+
+        def unloaded() -> bool:
+            nonlocal state
+            state = {row["name"]: row.get("state", "") for row in self.model_index()}.get(name)
+            return state not in ("READY", "UNLOADING")
+
+        if not wait_until(unloaded, timeout_s):
+            raise ServerTimeoutError(
+                f"model {name!r} was still {state} {timeout_s:g} s after the unload request; a "
+                "request in flight may hold it; pass timeout_s= a larger bound"
+            )
 
     def model_index(self) -> list[dict]:
         """The repository index: each model's name, version, state and reason."""
@@ -580,18 +572,19 @@ def _wait_exit(
     shutdown waits its whole exit timeout (10 s) for nothing. Once the log shows every version it
     held (``loaded``) unloaded and Triton still counting live models after that, only such
     versions are left: the wait ends there and the caller kills the process group."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def ended() -> bool:
         try:
-            process.wait(timeout=0.2)
+            process.wait(timeout=0.2)  # the poll's pause
             return True
         except subprocess.TimeoutExpired:
             pass
-        if time.monotonic() > deadline:
-            return False
         if loaded is not None and _only_failed_versions_left(log_path, log_start, loaded):
             log.debug("tritonserver waits only for versions that never loaded; ending it")
             return True
+        return False
+
+    return wait_until(ended, timeout_s, 0)
 
 
 def _only_failed_versions_left(path: Path, start: int, loaded: set[tuple[str, str]]) -> bool:
