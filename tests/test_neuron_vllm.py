@@ -219,6 +219,7 @@ def test_inf2_batching_folders_point_at_the_neuron_artifact_in_one_table_beside_
         *walkthrough.BATCHING_OPTIONS,
         "what it sets",
     ]
+    assert not [c for c in table.columns if "_" in c or "--" in c]  # titles in words, no flags
     rows = table.set_index("setting")
     assert rows.loc["TARGET"].tolist()[:2] == ["cpu", "inf2"]
     assert rows.loc["COMPILED_MODEL"].tolist()[1:4] == ["1/add_sub.inf2.pt"] * 3

@@ -305,13 +305,15 @@ def write_neuron_vllm_model(
     script = out_dir / SETUP_TEMPLATE.name
     shutil.copy2(SETUP_TEMPLATE, script)
     script.chmod(0o755)
-    checks = [
-        f"tensor_parallel_size {cfg.tensor_parallel_size} divides the {cfg.cores} NeuronCores "
-        f"of {cfg.instance_type} (cores {cfg.visible_cores})",
-        "engine arguments are AsyncEngineArgs fields: " + ", ".join(sorted(cfg.engine_args())),
-        f"{name}/config.pbtxt parses as Triton's ModelConfig and passes labkit's validation",
-        f'the backend: "vllm" twin\'s config.pbtxt parses; its model.json has '
-        f"{len(cfg.engine_args())} engine arguments",
+    split = cfg.tensor_parallel_size
+    checks = [  # in a learner's words: they are printed as they are
+        f"the model split over {split} NeuronCore{'s' if split > 1 else ''} fits the "
+        f"{cfg.cores} of an {cfg.instance_type} (this engine takes core"
+        f"{'s' if split > 1 else ''} {cfg.visible_cores})",
+        f"each of its {len(cfg.engine_args())} engine arguments is one that vLLM's engine takes",
+        f"{name}/config.pbtxt is a valid Triton model configuration",
+        f"its twin for Triton's own vLLM backend (config.pbtxt and model.json, "
+        f"{len(cfg.engine_args())} engine arguments) is valid too",
     ]
     return NeuronVllmModel(
         path=model_dir,

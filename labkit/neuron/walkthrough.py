@@ -287,7 +287,7 @@ def core_split(
         {
             "instance": i,
             "its NeuronCores": f"{a} to {b}" if a != b else str(a),
-            "NEURON_RT_VISIBLE_CORES it sets": made.cores.visible_cores(i),
+            "cores its Neuron runtime sees": made.cores.visible_cores(i),
         }
         for i, (a, b) in enumerate(made.cores.ranges)
     ]
@@ -329,11 +329,13 @@ def _add_sub_options(folder: Path, compiled: CompiledModel, **extra) -> Generate
     )
 
 
-#: The add_sub folders :func:`batching_options` writes: column title -> (folder, generator options).
+#: The add_sub folders :func:`batching_options` writes: column title (in words; the guide's flags
+#: are ``--preferred_batch_size 2 4`` and ``--disable_batch_requests_to_neuron``) -> (folder,
+#: generator options).
 BATCHING_OPTIONS = {
     "inf2": ("inf2", {}),
-    "inf2, --preferred_batch_size 2 4": ("preferred", {"preferred_batch_size": [2, 4]}),
-    "inf2, --disable_batch_requests_to_neuron": (
+    "inf2, prefers batches of 2 and 4": ("preferred", {"preferred_batch_size": [2, 4]}),
+    "inf2, one request at a time to Neuron": (
         "unbatched_to_neuron",
         {"disable_batch_requests_to_neuron": True},
     ),
