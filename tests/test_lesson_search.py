@@ -109,3 +109,17 @@ def test_a_refused_model_is_said_to_be_too_big_and_why_the_fallback_does_not_sta
     assert fits == "smollm2 is loaded: it needs about 1.1 GiB of the 22.6 GiB left."
     with pytest.raises(ConfigError, match="capacity plan's table"):
         search.plan_in_words(pd.DataFrame({"model": ["m"]}))
+
+
+def test_capacity_tables_read_in_words_with_yes_and_no():
+    frame = pd.DataFrame(
+        {"estimated (GiB)": [0.6, 1.1], "gpu (GiB)": [0.0, 0.0], "within estimate": [True, False],
+         "count from": ["checkpoint", "catalog"]},
+        index=pd.Index(["minilm", "smollm2"], name="model"),
+    )  # fmt: skip
+    shown = search.readable(frame)
+    assert list(shown.columns) == [
+        "estimated (GiB)", "GPU memory (GiB)", "within estimate", "parameters counted from"
+    ]  # fmt: skip
+    assert list(shown["within estimate"]) == ["yes", "no"]
+    assert list(frame["within estimate"]) == [True, False]  # the figures' own frame is untouched

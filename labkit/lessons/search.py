@@ -161,3 +161,21 @@ def plan_in_words(table: pd.DataFrame, fallback: str | None = None) -> str:
                 f"{model} is not loaded: it is too big ({too_big}), and no fallback is set."
             )
     return "\n".join(lines)
+
+
+#: Columns of :mod:`labkit.capacity`'s tables whose names say less than they should to a learner.
+PLAN_WORDS = {
+    "count from": "parameters counted from",
+    "resident (GiB)": "resident host memory (GiB)",
+    "gpu (GiB)": "GPU memory (GiB)",
+}
+
+
+def readable(frame: pd.DataFrame) -> pd.DataFrame:
+    """A capacity plan's or memory comparison's table as a learner reads it: its terse column
+    names in words (:data:`PLAN_WORDS`), and yes or no instead of True or False."""
+    shown = frame.rename(columns=PLAN_WORDS)
+    for column in shown.columns:
+        if shown[column].dtype == bool:
+            shown[column] = shown[column].map({True: "yes", False: "no"})
+    return shown
