@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from labkit import streaming
+from labkit import proc, streaming
 from labkit.client import INPUT_NAME, error_text, infer_body, model_batches, server_address
 from labkit.errors import ConfigError, InferenceError, ServerTimeoutError
 
@@ -322,19 +322,21 @@ class Load:
 
     def wait_for(self, count: int, since: float = 0.0, timeout_s: float = 120.0) -> None:
         """Wait until ``count`` requests sent after ``since`` were answered."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        over = False
+
+        def settled() -> bool:
+            nonlocal over
             over = self.started is not None and not self.running  # before counting: no race
-            if self.successes(since) >= count:
-                return
-            if over or time.monotonic() > deadline:
-                failures = [o.cause for o in self.failures(since)[-3:]]
-                raise ServerTimeoutError(
-                    f"{self.address}{self.path} answered {self.successes(since)} of {count} "
-                    f"requests {'before the load ended' if over else f'within {timeout_s:g} s'}"
-                    f"; last failures: {failures}"
-                )
-            time.sleep(0.05)
+            return self.successes(since) >= count or over
+
+        proc.wait_until(settled, timeout_s, 0.05)
+        if self.successes(since) < count:
+            failures = [o.cause for o in self.failures(since)[-3:]]
+            raise ServerTimeoutError(
+                f"{self.address}{self.path} answered {self.successes(since)} of {count} "
+                f"requests {'before the load ended' if over else f'within {timeout_s:g} s'}"
+                f"; last failures: {failures}"
+            )
 
     def summary(self) -> dict:
         """Requests, answered, failed (by cause), tokens, seconds from the start to the last

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,20 +154,23 @@ def start_standalone(
         out.flush()
         child = proc.spawn(command, stdout=out, stderr=out, env=env, cores=cores)
     server = StandaloneVllm(f"127.0.0.1:{port}", child, log_path, command)
-    deadline = time.monotonic() + timeout_s
+
+    def healthy() -> bool:
+        if proc.http_ok(f"http://{server.url}/health"):
+            return True
+        if not server.running():
+            raise ServerError(
+                f"vLLM's OpenAI server exited with status {child.returncode} before it "
+                f"answered: {proc.tail(log_path.read_text(errors='replace'), 15)}"
+            )
+        return False
+
     try:
-        while not proc.http_ok(f"http://{server.url}/health"):
-            if not server.running():
-                raise ServerError(
-                    f"vLLM's OpenAI server exited with status {child.returncode} before it "
-                    f"answered: {proc.tail(log_path.read_text(errors='replace'), 15)}"
-                )
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    f"vLLM's OpenAI server did not answer /health within {timeout_s:g} s: "
-                    f"{proc.tail(log_path.read_text(errors='replace'), 15)}"
-                )
-            time.sleep(0.5)
+        if not proc.wait_until(healthy, timeout_s, 0.5):
+            raise ServerError(
+                f"vLLM's OpenAI server did not answer /health within {timeout_s:g} s: "
+                f"{proc.tail(log_path.read_text(errors='replace'), 15)}"
+            )
     except BaseException:
         server.stop()
         raise
