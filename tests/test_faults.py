@@ -1,4 +1,5 @@
-"""Faults, each provoked for real: a stub killed under load, a model reloaded under load, SIGTERM
+"""Faults, each provoked for real: a stub killed under load (a model's, and a pipeline step's), a
+model reloaded under load, SIGTERM
 while a model loads, a notebook kernel killed while its server runs, a run folder on a read-only or
 full disk.
 
@@ -15,6 +16,7 @@ A port taken between choosing it and binding it is tested in tests/test_server.p
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -26,7 +28,7 @@ import psutil
 import pytest
 
 from conftest import group_alive, wait_for, write_notebook, write_python_model
-from labkit import repository
+from labkit import pipeline, repository
 from labkit.cli import main
 from labkit.errors import ServerError
 from labkit.load import Load
@@ -100,6 +102,50 @@ def test_a_stub_killed_under_load_is_named_and_recover_brings_the_model_back(
     assert unhealthy(server) == {} and stubs(server)["tf"] != [victim]
     record_property("requests_refused_while_the_stub_was_dead", len(failures))
     record_property("recover_seconds", round(recovered - recovering, 1))
+
+
+@pytest.mark.integration
+def test_the_encoder_steps_stub_killed_under_load_fails_the_pipeline_by_name_until_recover(
+    tmp_path, start_server, record_property
+):
+    """The ensemble's encoder step loses its stub while clients keep sending: every request is
+    answered at once with an error that names the step, and recover() restarts the step alone."""
+    repo = tmp_path / "repo"
+    for name in (pipeline.TOKENIZER, pipeline.ENCODER, pipeline.PIPELINE):
+        shutil.copytree(ROOT / "model_repository" / name, repo / name)  # links followed
+    server = start_server(repo, load_models=[pipeline.PIPELINE])  # loads its steps with it
+    (victim,) = stubs(server)[pipeline.ENCODER]
+    tokenizer = stubs(server)[pipeline.TOKENIZER]
+    load = Load(server.http_url, pipeline.PIPELINE, endpoint="infer", prompt="A sentence.")
+    with load:
+        wait_for(lambda: load.successes() >= 4, 60, "4 embeddings before the kill")
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: len(load.failures(killed)) >= 4, 30, "refusals after the kill")
+        assert unhealthy(server) == {pipeline.ENCODER: "0 of 1 Python stub processes alive"}
+        recovering = time.monotonic()
+        assert recover(server) == [pipeline.ENCODER]
+        recovered = time.monotonic()
+        wait_for(lambda: load.successes(recovered) >= 4, 60, "embeddings after recover()")
+    failures = load.failures(killed)
+    # the step by name (its instance group, then the instance); 500 where the model alone says 400
+    step = f"Stub process '{pipeline.ENCODER}_0_0' is not healthy."
+    assert {o.error for o in failures} == {f"in ensemble '{pipeline.PIPELINE}', {step}"}
+    assert {o.status for o in failures} == {500}
+    # Never left waiting: a request the dead stub had taken fails when the Python backend gives
+    # up on the stub (its stub timeout, 30 s; 39 s seen on this loaded host), the rest at once.
+    waits = sorted(o.latency_s for o in failures)
+    assert waits[-1] < 60 and waits[len(waits) // 2] < 5, waits
+    assert load.failures(recovered) == []
+    assert unhealthy(server) == {} and stubs(server)[pipeline.ENCODER] != [victim]
+    assert stubs(server)[pipeline.TOKENIZER] == tokenizer  # the other step kept its stub
+    pgid = server.pid
+    server.stop()
+    assert not group_alive(pgid)  # nothing left running: the server, both steps' stubs
+    record_property("pipeline_requests_refused_while_the_step_was_dead", len(failures))
+    record_property("pipeline_errors", sorted({o.cause for o in failures}))
+    record_property("recover_seconds", round(recovered - recovering, 1))
+    record_property("longest_refusal_seconds", round(waits[-1], 1))
 
 
 IDLE_MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
