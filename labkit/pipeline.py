@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -58,6 +59,8 @@ TOKENIZER = "minilm_tokenize"
 ENCODER = "minilm_encode"
 #: ``minilm`` with the response cache on, a model of its own (see :func:`add_cached_twin`).
 CACHED = "minilm_cached"
+#: ``minilm_pipeline`` with the response cache on: the ensemble's answer cached whole, at its door.
+PIPELINE_CACHED = "minilm_pipeline_cached"
 #: What a notebook loads: the single model and the ensemble (which brings its two steps).
 MODELS = [SINGLE, PIPELINE]
 #: How a measurement names each way of serving MiniLM.
@@ -440,10 +443,65 @@ def ask_rounds(server: TritonServer, question: str, *, rounds: int = 2) -> pd.Da
     return pd.DataFrame(rows)
 
 
+# -- the same models for a GPU host ----------------------------------------------------------------
+#: Where each of the pipeline's models runs on a GPU host: the encoders on the GPU, the tokenizer
+#: step on the CPU (the ``tokenizers`` library has no GPU path; it takes microseconds per text).
+GPU_KINDS = {SINGLE: "KIND_GPU", TOKENIZER: "KIND_CPU", ENCODER: "KIND_GPU", PIPELINE: None}
+
+
+@dataclass(frozen=True)
+class GpuPipeline:
+    """What :func:`write_gpu_configs` wrote: a repository to copy to the GPU host, and how to
+    serve it there."""
+
+    repository: Path
+    diffs: dict[str, str]  # model -> its config.pbtxt against the CPU one
+    docker_command: list[str]  # NGC's image serving it, with the response cache (built, not run)
+
+
+def write_gpu_configs(
+    repo: Repository,
+    out_dir: str | os.PathLike,
+    *,
+    encoder_instances: int = 1,
+    cache_size: int = 256 * 1024 * 1024,
+    image: str | None = None,
+) -> GpuPipeline:
+    """The pipeline's models for a GPU host, in ``out_dir/gpu``: ``minilm`` and the encoder step
+    on the GPU (``KIND_GPU``, ``encoder_instances`` of the step), the tokenizer step on the CPU,
+    the ensemble as it is, and the cached twins of ``minilm`` and of the ensemble. Each folder is
+    a copy with its links followed (the encoder step's ``minilm.py`` included), each config
+    checked as Triton parses it. The docker command serves them with a ``cache_size``-byte cache
+    from the image's own ``/opt/tritonserver/caches``; nothing here needs a GPU."""
+    if encoder_instances < 1:
+        raise ConfigError(f"encoder_instances must be 1 or more, got {encoder_instances}")
+    missing = [name for name in GPU_KINDS if name not in repo.models()]
+    if missing:
+        raise ConfigError(f"{repo.path} holds no {', '.join(missing)}: the pipeline needs them")
+    out = Repository(Path(out_dir) / "gpu", create=True)
+    diffs = {}
+    for name, kind in GPU_KINDS.items():
+        if name in out.models():
+            out.remove(name)
+        shutil.copytree(repo.model_dir(name), out.path / name)  # links followed: real files
+        cpu = repo.config(name)
+        count = encoder_instances if name == ENCODER else None
+        gpu = apply_edits(cpu, instance_kind=kind, instance_count=count) if kind else cpu
+        out.write_config(name, gpu)
+        diffs[name] = diff_configs(cpu, gpu, f"{name} (CPU -> GPU)")
+    add_cached_twin(out)
+    add_cached_twin(out, PIPELINE, PIPELINE_CACHED)
+    names = [*GPU_KINDS, CACHED, PIPELINE_CACHED]
+    server = TritonServer(
+        out.path, mode="docker", image=image, cache_size=cache_size, load_models=names
+    )
+    return GpuPipeline(out.path, diffs, server.docker_command())
+
+
 # -- labkit bench pipeline: the issue's targets, as JSON -------------------------------------------
 #: The models the benchmark serves: the single model, its cached twin, the ensemble, and ask
 #: with the streaming language model it calls.
-BENCH_MODELS = [*MODELS, CACHED, "smollm2_stream", ASK]
+BENCH_MODELS = [*MODELS, CACHED, PIPELINE_CACHED, "smollm2_stream", ASK]
 
 
 def benchmark(
@@ -462,9 +520,13 @@ def benchmark(
     run_dir = Path(run_dir)
     repo = prepare_run_repository(run_dir, models=[*MODELS, "smollm2_stream"], source=source)
     add_cached_twin(repo)
+    add_cached_twin(repo, PIPELINE, PIPELINE_CACHED)
     with serving(run_dir, repo.path, BENCH_MODELS, cache_size=cache_mib * 1024 * 1024) as server:
         agreement = compare_embeddings(server, sentences(32))
         hits = hit_and_miss_rounds(server, rounds=rounds + 1, per_round=texts_per_round)
+        pipe_hits = hit_and_miss_rounds(
+            server, PIPELINE_CACHED, rounds=rounds + 1, per_round=texts_per_round
+        )
         one = ensemble_rounds(
             server, rounds=rounds, concurrency=concurrency, run_dir=run_dir,
             request_count=request_count,
@@ -482,6 +544,12 @@ def benchmark(
         "cache_miss_p50_ms": float(hits.loc[hits["kind"] == "miss", "p50_ms"].median()),
         "cache_hit_p99_ms": float(hits.loc[hits["kind"] == "hit", "p99_ms"].median()),
         "cache_miss_p99_ms": float(hits.loc[hits["kind"] == "miss", "p99_ms"].median()),
+        "pipeline_cache_hit_p50_ms": float(
+            pipe_hits.loc[pipe_hits["kind"] == "hit", "p50_ms"].median()
+        ),
+        "pipeline_cache_miss_p50_ms": float(
+            pipe_hits.loc[pipe_hits["kind"] == "miss", "p50_ms"].median()
+        ),
         "cache_evictions": eviction.evictions,
         "cache_first_evicted": eviction.first_evicted,
         "ensemble_rounds": summarize_rounds(pd.concat([one, two])).to_dict("records"),

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from conftest import released_together, wait_for
 from labkit import embedding, pipeline, profiling, streaming
 from labkit.cli import build_parser
-from labkit.errors import InferenceError, ServerError
+from labkit.errors import ConfigError, InferenceError, ServerError
 from labkit.lessons import pipeline as lesson
 from labkit.lessons.takeaway import sentence_count
 from labkit.repository import Repository, apply_edits, prepare_run_repository
@@ -110,6 +111,43 @@ def test_the_cached_twin_differs_from_minilm_by_its_name_and_response_cache_only
     ).read_bytes()
 
 
+def test_the_gpu_configs_put_the_encoders_on_the_gpu_and_keep_the_tokenizer_on_the_cpu(tmp_path):
+    repo = Repository(ROOT / "model_repository").copy_to(tmp_path / "repo")
+    written = pipeline.write_gpu_configs(repo, tmp_path / "out", encoder_instances=2, image="x:1")
+    out = Repository(written.repository)
+    kinds = {
+        name: [(ModelInstanceGroup.Kind.Name(g.kind), g.count) for g in out.config(name).instance_group]
+        for name in (pipeline.SINGLE, pipeline.TOKENIZER, pipeline.ENCODER)
+    }  # fmt: skip
+    assert kinds == {
+        pipeline.SINGLE: [("KIND_GPU", 1)],
+        pipeline.TOKENIZER: [("KIND_CPU", 1)],
+        pipeline.ENCODER: [("KIND_GPU", 2)],
+    }
+    assert out.config(pipeline.PIPELINE) == repo.config(pipeline.PIPELINE)  # wired the same
+    assert not written.diffs[pipeline.PIPELINE].strip()
+    assert "+  kind: KIND_GPU" in written.diffs[pipeline.ENCODER]
+    for name in (pipeline.CACHED, pipeline.PIPELINE_CACHED):
+        assert out.config(name).response_cache.enable
+    # a folder to copy to another host: the encoder step's shared code is a file, not a link
+    shared = out.path / pipeline.ENCODER / "1" / "minilm.py"
+    assert shared.is_file() and not shared.is_symlink()
+    command = written.docker_command
+    assert command[:4] == ["docker", "run", "--gpus", "all"]
+    assert command[-2:] == [
+        f"--cache-config=local,size={256 * 1024 * 1024}",
+        "--cache-directory=/opt/tritonserver/caches",
+    ]
+    loaded = {a.split("=", 1)[1] for a in command if a.startswith("--load-model=")}
+    assert {pipeline.PIPELINE, pipeline.PIPELINE_CACHED, pipeline.CACHED} <= loaded
+
+
+def test_the_gpu_configs_refuse_a_repository_without_the_pipeline(tmp_path):
+    repo = Repository(tmp_path / "repo", create=True)
+    with pytest.raises(ConfigError, match="holds no minilm, minilm_tokenize"):
+        pipeline.write_gpu_configs(repo, tmp_path / "out")
+
+
 # -- against the real server: one server for the module -----------------------------------------
 CACHE_BYTES = 256 * 1024  # room for about 5 answers of 32 texts: the fill test goes past it
 MINILM = ["minilm", "minilm_tokenize", "minilm_encode", "minilm_pipeline"]
@@ -127,10 +165,12 @@ def server(tmp_path_factory, start_module_server):
     for name in set(repo.models()) - {LLM, "smollm2", pipeline.ASK} - set(MINILM):
         repo.remove(name)  # the lab's other models are not this module's subject
     pipeline.add_cached_twin(repo)
+    pipeline.add_cached_twin(repo, pipeline.PIPELINE, pipeline.PIPELINE_CACHED)
     # ask, calling a language model that the server does not load (smollm2: in the repository)
     cfg = repo.config(pipeline.ASK)
     repo.add_twin(pipeline.ASK, UNLOADED, apply_edits(cfg, parameters={"llm_model": "smollm2"}))
-    models = [*pipeline.MODELS, pipeline.CACHED, LLM, pipeline.ASK, UNLOADED]
+    models = [*pipeline.MODELS, pipeline.CACHED, pipeline.PIPELINE_CACHED, LLM, pipeline.ASK]
+    models.append(UNLOADED)
     return start_module_server(repo.path, load_models=models, cache_size=CACHE_BYTES)
 
 
@@ -158,6 +198,32 @@ def test_a_hit_takes_at_most_a_tenth_of_a_miss_at_concurrency_one(server):
     assert p50["hit"] <= 0.1 * p50["miss"], rounds
     counted = rounds.set_index("kind")
     assert counted.loc["miss", "server_misses"] == 10 and counted.loc["hit", "server_hits"] == 10
+
+
+def encoded_count(server) -> int:
+    return int(
+        profiling.metrics(server).set_index("model").loc[pipeline.ENCODER, "inference_count"]
+    )
+
+
+@pytest.mark.integration
+def test_the_cached_ensemble_answers_a_repeated_text_at_its_door_without_its_steps(server):
+    texts = pipeline.sentences(10, salt=f"ensemble {uuid.uuid4().hex[:6]}")
+    first = encoded_count(server)
+    before = profiling.cache_metrics(server)
+    missed = pipeline.time_requests(server, pipeline.PIPELINE_CACHED, texts)
+    # the encoder step counts a request when it releases it, a moment after the answer left
+    wait_for(lambda: encoded_count(server) >= first + len(texts), 30, "the misses encoded")
+    encoded = encoded_count(server)
+    hit = pipeline.time_requests(server, pipeline.PIPELINE_CACHED, texts)
+    time.sleep(1.0)
+    assert encoded_count(server) == encoded  # a hit never reached the steps
+    counted = profiling.cache_metrics(server, since=before).set_index("model")
+    row = counted.loc[pipeline.PIPELINE_CACHED]
+    assert (row["misses"], row["hits"]) == (len(texts), len(texts))
+    assert np.median(hit) <= 0.1 * np.median(missed), (hit, missed)
+    cached = embedding.served_embed(server, texts[:1], model=pipeline.PIPELINE_CACHED)  # a hit
+    np.testing.assert_allclose(cached, embedding.embed(texts[:1]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.integration
@@ -302,13 +368,19 @@ def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
             for way in ("ask (BLS, one request)", "the same steps from the client")
         ]
     )
-    conclusion = lesson.pipeline_conclusion(*lesson_inputs(), asked=asked)
+    pipe_hits = lesson_inputs()[3].assign(p50_ms=lambda f: f["p50_ms"] * 1.5)
+    conclusion = lesson.pipeline_conclusion(*lesson_inputs(), asked=asked, pipeline_hits=pipe_hits)
     assert conclusion.table.iloc[-1]["measured"] == "the same"
     assert len(conclusion.figures) <= 6
     assert sentence_count(conclusion.takeaway) <= 3
     shown = conclusion.text + str(conclusion.takeaway) + conclusion.table.to_string()
     assert not INTERNAL.search(shown), shown
     assert "0.20 ms against 30 ms" in conclusion.takeaway[0]
+    row = conclusion.table.set_index("figure").loc[
+        "repeated text p50 through the ensemble, cached (ms)"
+    ]
+    assert row["measured"] == "0.30 against 45.0 for a new text"
+    assert "a repeated text took 0.30 ms against 45.0 ms" in conclusion.text
     assert "within the noise" in conclusion.takeaway[1]
     for table in (conclusion.table, lesson.rounds_table(lesson_inputs()[1])):
         assert not [c for c in table.columns if "_" in c], table.columns
