@@ -270,4 +270,6 @@ def test_each_delay_setting_has_one_name_in_every_table_and_the_paced_rate_is_th
         assert setting in conclusion.table.index
     assert conclusion.table.loc[batching.NO_DELAY, "requests/s"] == 0.77  # 1 / 1.3 s
     assert conclusion.table.loc[batching.DELAY, "requests/s"] == 0.77
-    assert "(0.77 and 0.77 requests/s, at a pace of 0.77)" in conclusion.text
+    assert (
+        "as many requests a second as arrived (0.77 and 0.77, at a pace of 0.77;" in conclusion.text
+    )

@@ -491,9 +491,10 @@ def _delay(
     if every_s:
         served = [_rate(mean[s]) for s in (NO_DELAY, DELAY)]
         words += (
-            f" Both paced settings answered the requests as they came ({served[0]:.2f} and "
-            f"{served[1]:.2f} requests/s, at a pace of {1 / every_s:.2f}): a delay changes "
-            "what a request costs and how long it waits, not how many are answered."
+            f" Both paced settings answered about as many requests a second as arrived "
+            f"({served[0]:.2f} and {served[1]:.2f}, at a pace of {1 / every_s:.2f}; with the "
+            "delay the last batch still waits and computes after the last arrival): a delay "
+            "changes what a request costs and how long it waits, not how many are answered."
         )
     rows = [_arrival_row(NO_DELAY, mean[NO_DELAY]), _arrival_row(DELAY, mean[DELAY])]
     if bigger > 0:
