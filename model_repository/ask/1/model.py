@@ -19,6 +19,7 @@ is not loaded) ends the stream with an error that names the step and carries its
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -94,6 +95,12 @@ class TritonPythonModel:
                 raise StepError(self.embedding_model, response.error())
             vectors.append(pb_utils.get_output_tensor_by_name(response, "embedding").as_numpy())
         return np.concatenate(vectors)
+
+    def finalize(self) -> None:
+        # Triton's stub frees its shared memory before Python's last garbage collection, and an
+        # object owning some (a request, a sender) freed by it would crash the stub (issue 40)
+        gc.collect()
+        gc.freeze()
 
 
 class StepError(Exception):

@@ -38,6 +38,7 @@ the others are answered.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -168,6 +169,10 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.model = None
+        # Triton's stub frees its shared memory before Python's last garbage collection, and an
+        # object owning some (a request's tensors) freed by it would crash the stub (issue 40)
+        gc.collect()
+        gc.freeze()
 
 
 class Span(NamedTuple):

@@ -21,6 +21,7 @@ token counts are batched together by Triton's dynamic batcher, padded here to th
 
 from __future__ import annotations
 
+import gc
 import json
 
 import numpy as np
@@ -83,6 +84,10 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.model = None
+        # Triton's stub frees its shared memory before Python's last garbage collection, and an
+        # object owning some (a request's tensors) freed by it would crash the stub (issue 40)
+        gc.collect()
+        gc.freeze()
 
 
 def pad(rows: np.ndarray, length: int) -> np.ndarray:

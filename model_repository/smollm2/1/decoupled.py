@@ -61,7 +61,10 @@ class PieceStreamer(BaseStreamer):
             RequestStream(sender, prompts, decode_ids)
             for sender, prompts in zip(senders, requests, strict=True)
         ]
-        self.rows = [row for stream in self.streams for row in stream.rows]  # the batch's order
+        # (stream, row) in the batch's order; a row does not point back to its stream: a cycle
+        # kept each sender alive until a garbage collection, and one still alive when the stub
+        # ended crashed it (issue 40)
+        self.rows = [(stream, row) for stream in self.streams for row in stream.rows]
         self.decode = decode
         self.eos_ids = eos_ids
         self.prompt_seen = False
@@ -76,7 +79,7 @@ class PieceStreamer(BaseStreamer):
         if all(stream.cancelled for stream in self.streams):  # every client went away: stop
             raise StreamCancelled(f"{len(self.streams)} request(s) cancelled by their clients")
         pieces: dict[RequestStream, list[str]] = {}
-        for row, token in zip(self.rows, value.reshape(-1).tolist(), strict=True):
+        for (stream, row), token in zip(self.rows, value.reshape(-1).tolist(), strict=True):
             if row.done:
                 continue
             if token in self.eos_ids:
@@ -84,9 +87,9 @@ class PieceStreamer(BaseStreamer):
                 continue
             row.new.append(token)
             piece = row.next_piece()
-            pieces.setdefault(row.stream, [""] * len(row.stream.rows))[row.index] = piece
+            pieces.setdefault(stream, [""] * len(stream.rows))[row.index] = piece
             # a request batched with longer ones stops at its own max_tokens
-            row.done = len(row.new) >= row.stream.prompts.settings.max_tokens
+            row.done = len(row.new) >= stream.prompts.settings.max_tokens
         for stream, texts in pieces.items():
             stream.send(texts)
         for stream in self.streams:  # a request whose rows have all ended is told so now
@@ -127,7 +130,7 @@ class RequestStream:
 
     def __post_init__(self) -> None:
         self.rows = [
-            Row(self, i, ids, IncrementalText(ids, self.decode_ids))
+            Row(i, ids, IncrementalText(ids, self.decode_ids))
             for i, ids in enumerate(self.prompts.ids)
         ]
 
@@ -148,7 +151,6 @@ class RequestStream:
 class Row:
     """One prompt of the ``generate`` batch: its tokens so far and the text already sent."""
 
-    stream: RequestStream
     index: int  # the prompt's place in its request
     ids: list[int]  # the prompt's token ids
     text: IncrementalText  # decodes its new tokens a piece at a time

@@ -11,6 +11,7 @@ in an NGC ``tritonserver`` container, where labkit is not installed.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 
 import torch
@@ -160,9 +161,16 @@ class TritonPythonModel:
     def finalize(self) -> None:
         if getattr(self, "engine", None) is not None:
             self.engine.stop()
+        self.engine = None  # it holds this model (its side lane's run_alone): a cycle
         self.model = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        # Triton's stub frees its shared memory before Python's last garbage collection; an
+        # object that owns some (a response sender, a request's tensors) freed by that
+        # collection crashes the stub (issue 40). Free such garbage now, and keep what is
+        # still alive (this model, dropped next) out of that last collection.
+        gc.collect()
+        gc.freeze()
 
     # -- in-flight batching (inflight_batching: "true") -------------------------------------------
     def _start_engine(self, options: Options):
