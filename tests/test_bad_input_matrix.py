@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import queue
 import shutil
 import urllib.error
 import urllib.request
@@ -490,6 +491,27 @@ def test_bad_input_over_grpc_is_invalid_argument(served, model, array, says):
     serves(server, model)
 
 
+@pytest.mark.skipif(not STREAMING, reason="ask streams its answer: it needs a decoupled model")
+def test_a_wrong_type_to_ask_over_a_grpc_stream_is_invalid_argument(served):
+    """ask is decoupled, so gRPC reaches it through a stream; a typed tensor of the wrong type
+    is refused by Triton before ask runs (over HTTP, a JSON number is a 500, pinned above)."""
+    server = served["server"]
+    arrived: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    try:
+        tensor = grpcclient.InferInput("text_input", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([7], dtype=np.int32))
+        client.async_stream_infer(pipeline.ASK, [tensor])
+        result, error = arrived.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert result is None and error is not None
+    assert "'INT32'" in error.message() and "expects 'BYTES'" in error.message(), error
+    serves(server, pipeline.ASK)
+
+
 @pytest.mark.parametrize(
     ("model", "good", "bad"),
     [
@@ -551,3 +573,69 @@ def test_a_pipeline_whose_step_is_unloaded_is_refused_at_once_and_comes_back(ser
         served["stubs"] = stubs(server)  # enc_gone's stub is a new process: the others' are not
     status, text = post(server, "/v2/models/pipe_gone/infer", text_infer("Hi"))
     assert status == 200, text
+
+
+# -- smollm2_vllm: vLLM's sampling fields (its own server: vLLM's engine starts in about a minute) --
+VLLM = "smollm2_vllm"
+#: sampling_parameters (any vLLM SamplingParams field, as Triton's vLLM backend takes them) a client
+#: gets wrong: each a 400 naming the problem, never "cancelled by the client".
+VLLM_CASES = {
+    "vllm-sampling-malformed": Case(
+        VLLM,
+        "generate",
+        {"text_input": "Hi", "sampling_parameters": "{'temperature': 0.5}"},
+        400,
+        "input 'sampling_parameters' is not valid JSON",
+    ),
+    "vllm-sampling-unknown-field": Case(
+        VLLM,
+        "generate",
+        {"text_input": "Hi", "sampling_parameters": '{"colour": "red"}'},
+        400,
+        "unknown field 'colour' of 'sampling_parameters': not a vLLM SamplingParams field",
+    ),
+    "vllm-sampling-wrong-type": Case(
+        VLLM,
+        "generate",
+        {"text_input": "Hi", "sampling_parameters": '{"max_tokens": "many"}'},
+        400,
+        "field 'max_tokens' of 'sampling_parameters' must be an integer or null, got 'many'",
+    ),
+    "vllm-temperature-refused": Case(
+        VLLM,
+        "generate_stream",
+        {"text_input": "Hi", "sampling_parameters": '{"temperature": 5}'},
+        400,
+        "vLLM refused the request: temperature must be in [0, 2], got 5",
+    ),
+    "vllm-temperature-parameter-refused": Case(
+        VLLM,
+        "generate",
+        {"text_input": "Hi", "temperature": 5},
+        400,
+        "vLLM refused the request: temperature must be in [0, 2], got 5",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def served_vllm(tmp_path_factory, start_module_server):
+    repo = repository.prepare_run_repository(tmp_path_factory.mktemp("bad-vllm"), [VLLM])
+    server = start_module_server(repo.path, load_models=[VLLM], startup_timeout_s=900)
+    return {"server": server, "stubs": stubs(server)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(VLLM_CASES))
+def test_bad_vllm_sampling_is_refused_naming_the_problem_never_as_cancelled(served_vllm, name):
+    case = VLLM_CASES[name]
+    server = served_vllm["server"]
+    status, text = post(server, f"/v2/models/{case.model}/{case.endpoint}", case.body)
+    streamed = status == 200 and case.endpoint == "generate_stream"
+    if streamed:  # the error comes inside the stream, after its 200
+        text = stream_error(text) or text
+    assert (status == case.status or streamed) and case.says in text, (status, text[:500])
+    assert "cancelled" not in text and "Traceback" not in text, text
+    status, text = post(server, f"/v2/models/{VLLM}/generate", {"text_input": "Hi"})
+    assert status == 200 and json.loads(text)["text_output"].startswith("Hi"), text
+    assert stubs(server) == served_vllm["stubs"], "a stub process was restarted or died"
