@@ -207,24 +207,3 @@ def test_the_search_sends_the_whole_prompt_as_input_data(tmp_path):
     with pytest.raises(ConfigError, match="without them"):
         analyzer.write_config(tmp_path / "repo", tmp_path / "a run", settings)
 
-
-def test_the_search_servers_wrapper_runs_it_on_the_cores_asked(tmp_path, monkeypatch):
-    # the wrapper Model Analyzer launches pins the server (and what it starts) when asked, with
-    # Python's own sched_setaffinity: no taskset needed
-    from labkit.hardware import usable_cores
-    from labkit.server.locate import ServerBinary
-
-    fake = tmp_path / "fake-tritonserver"
-    fake.write_text(
-        f"#!{sys.executable}\nimport os, sys\n"
-        "print(sorted(os.sched_getaffinity(0)), sys.argv[1:])\n"
-    )
-    fake.chmod(0o755)
-    monkeypatch.setattr(analyzer, "locate_tritonserver", lambda: ServerBinary(fake, "argument"))
-    last = usable_cores()[-1]
-    pinned = analyzer.write_wrapper(tmp_path / "pinned", (last,))
-    free = analyzer.write_wrapper(tmp_path / "free")
-    ran = subprocess.run([pinned, "--model-repository=x"], capture_output=True, text=True)
-    assert ran.stdout.strip() == f"[{last}] ['--model-repository=x']", ran.stderr
-    ran = subprocess.run([free], capture_output=True, text=True)
-    assert ran.stdout.strip() == f"{list(usable_cores())} []", ran.stderr

@@ -105,10 +105,6 @@ class AnalyzerSettings:
     string_data: str | None = "Where is the nearest"
     shapes: dict[str, list[int]] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # any other Model Analyzer option, as in its YAML
-    # the CPU cores the search's server (and its model stubs) run on; None: any. Notebook 04
-    # gives the server one core and perf_analyzer the other, so that a second instance finds no
-    # idle core whatever else the host runs, and the search ranks the same way on a busy host.
-    server_cores: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -137,37 +133,27 @@ def find_model_analyzer() -> str | None:
 
 
 def server_cores() -> tuple[int, ...]:
-    """The cores notebook 04 gives its servers: every usable core but the last, which is left to
-    perf_analyzer and Model Analyzer (:func:`labkit.hardware.split_cores`); on one core, that
-    one."""
+    """The cores notebook 04's rounds give their server: every usable core but the last, which
+    is left to perf_analyzer (:func:`labkit.hardware.split_cores`); on one core, that one.
+
+    Model Analyzer's own search is not pinned: its client gives a model 60 s to load, and on one
+    busy core two instances of a transformer took longer (the search then stopped with
+    ``'TimeoutError' object has no attribute 'message'``, Model Analyzer 1.58's own bug)."""
     cores = hardware.usable_cores()
     return hardware.split_cores(cores)[0] if len(cores) > 1 else cores
 
 
-def write_wrapper(run_dir: Path, cores: tuple[int, ...] | None = None) -> Path:
-    """``run_dir/bin/tritonserver``: starts the located server with its backend and environment,
-    on ``cores`` only when given (its model stubs inherit them)."""
+def write_wrapper(run_dir: Path) -> Path:
+    """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
     binary = locate_tritonserver()
     backend = f" --backend-directory={shlex.quote(str(binary.backend_directory))}"
     return _write_script(
         run_dir / "bin" / "tritonserver",
         f"echo $$ >> {shlex.quote(str(run_dir / 'tritonserver.pids'))}",
         *[f"export {k}={shlex.quote(v)}" for k, v in binary.env.items()],
-        f"exec {_pin(cores)}{_death_guard()}{shlex.quote(str(binary.path))}"
+        f"exec {_death_guard()}{shlex.quote(str(binary.path))}"
         f'{backend if binary.backend_directory else ""} "$@"',
     )
-
-
-def _pin(cores: tuple[int, ...] | None) -> str:
-    """A prefix that runs the rest of a wrapper's command line on ``cores`` (Python's own
-    ``sched_setaffinity``, then exec: no ``taskset`` needed); empty for None."""
-    if not cores:
-        return ""
-    code = (
-        f"import os, sys; os.sched_setaffinity(0, {sorted(set(cores))!r}); "
-        "os.execv(sys.argv[1], sys.argv[1:])"
-    )
-    return f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} "
 
 
 def write_perf_wrapper(run_dir: Path) -> Path:
@@ -236,7 +222,7 @@ def write_config(repository: str | os.PathLike, run_dir: Path, s: AnalyzerSettin
         "run_config_search_min_model_batch_size": s.min_model_batch_size,
         "run_config_search_max_model_batch_size": s.max_model_batch_size,
         "triton_launch_mode": "local",
-        "triton_server_path": str(write_wrapper(run_dir, s.server_cores)),
+        "triton_server_path": str(write_wrapper(run_dir)),
         "triton_http_endpoint": f"127.0.0.1:{http}",
         "triton_grpc_endpoint": f"127.0.0.1:{grpc}",
         "triton_metrics_url": f"http://127.0.0.1:{metrics}/metrics",
