@@ -206,4 +206,3 @@ def test_the_search_sends_the_whole_prompt_as_input_data(tmp_path):
     assert flags["input-data"] == str(tmp_path / "run" / "input-data.json")
     with pytest.raises(ConfigError, match="without them"):
         analyzer.write_config(tmp_path / "repo", tmp_path / "a run", settings)
-
