@@ -144,6 +144,11 @@ def test_two_instances_that_had_a_core_each_in_the_search_but_not_in_the_rounds_
         "core was free then and busy during the rounds, so more instances gain only where a "
         "core is really idle." in said
     )
+    pinned = lessons.confirm_winner(rounds, table, "d", threads=1, cores=1).text
+    assert (
+        "(254 against 265 ms, x1.55 infer/s): the search's server could use a second core, the "
+        "rounds' had one, so more instances gain only where a core is really idle." in pinned
+    )
 
 
 def test_a_configuration_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():

@@ -294,11 +294,13 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
         lead = Ratio.between(by.loc[name, "throughput"], by.loc[default, "throughput"], "infer/s")
         said += (
             f" In the search it was the other way ({searched[0]:.0f} against {searched[1]:.0f} "
-            f"ms, {lead}): the second core was "
+            f"ms, {lead}): "
             + (
-                "free then and busy during the rounds"
+                "the search's server could use a second core, the rounds' had one"
+                if shared_now and cores == 1
+                else "the second core was free then and busy during the rounds"
                 if shared_now
-                else "busy then and free during the rounds"
+                else "the second core was busy then and free during the rounds"
             )
             + ", so more instances gain only where a core is really idle."
         )
