@@ -488,7 +488,7 @@ def write_gpu_configs(
         count = encoder_instances if name == ENCODER else None
         gpu = apply_edits(cpu, instance_kind=kind, instance_count=count) if kind else cpu
         out.write_config(name, gpu)
-        diffs[name] = diff_configs(cpu, gpu, f"{name} (CPU -> GPU)")
+        diffs[name] = diff_configs(cpu, gpu, name)
     add_cached_twin(out)
     add_cached_twin(out, PIPELINE, PIPELINE_CACHED)
     names = [*GPU_KINDS, CACHED, PIPELINE_CACHED]

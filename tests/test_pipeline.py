@@ -380,7 +380,7 @@ def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
         "repeated text p50 through the ensemble, cached (ms)"
     ]
     assert row["measured"] == "0.30 against 45.0 for a new text"
-    assert "a repeated text took 0.30 ms against 45.0 ms" in conclusion.text
+    assert "a repeated text took 0.30 ms against 45.0 ms for a new one" in conclusion.text
     assert "within the noise" in conclusion.takeaway[1]
     for table in (conclusion.table, lesson.rounds_table(lesson_inputs()[1])):
         assert not [c for c in table.columns if "_" in c], table.columns
@@ -391,6 +391,9 @@ def test_the_hit_and_miss_table_has_a_row_per_round_in_words():
     assert list(table["round"]) == [1, 2]
     assert table.loc[0, "repeated p50 (ms)"] == "0.20" and table.loc[0, "hits counted"] == 20
     assert not [c for c in table.columns if "_" in c]
+    both = lesson.hit_miss_table(lesson_inputs()[3], lesson_inputs()[3])
+    assert list(both["served as"]) == ["one model"] * 2 + ["ensemble"] * 2
+    assert list(both["round"]) == [1, 2, 1, 2]
 
 
 def test_an_eviction_reads_in_words():
