@@ -6,7 +6,12 @@ doctor's verdict. The integration tests share one module-scoped server that serv
 once: greedy float32 answers must equal ``smollm2``'s, alone and 8 at once; streamed pieces join
 to the final text; a cancelled stream is aborted in the engine; a full model answers ``busy:``;
 bad input gets ``smollm2``'s words; a killed engine process ends the stub, and
-``labkit.server.recover`` brings the model back with no process left behind.
+``labkit.server.recover`` brings the model back with no process left behind. The contract of
+Triton's vLLM backend: the tensors Triton's OpenAI frontend sends get the greedy answer and its
+token counts, a stop string ends the answer ("stop"), ``n`` answers come back, and a bad
+``sampling_parameters`` gets a 400 naming it. The defects issue 41 found each have a test: the
+watchdog survives a failed pass, a start past its timeout leaves no process, an unload lets a
+live stream finish and ends a longer one within its bound.
 """
 
 from __future__ import annotations
@@ -18,17 +23,19 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from conftest import imported_as_triton_does, wait_for
 from labkit import client, repository, streaming
-from labkit.errors import ConfigError, InferenceError, MissingDependencyError
+from labkit.errors import ConfigError, InferenceError, MissingDependencyError, ServerError
 from labkit.repository import folder
 from labkit.server import TritonServer, recover, stubs, unhealthy
 
@@ -113,6 +120,8 @@ def test_a_neuron_config_s_engine_arguments_and_environment_reach_the_engine(set
         ({"enforce_eager": "yes"}, "'enforce_eager' must be true or false, got 'yes'"),
         ({"gpu_memory_utilization": "1.5"}, r"'gpu_memory_utilization' must be in \(0, 1\]"),
         ({"omp_threads_bind": " "}, "'omp_threads_bind' is empty"),
+        ({"start_timeout_s": "0"}, "'start_timeout_s' must be >= 1, got 0"),
+        ({"unload_drain_s": "soon"}, "'unload_drain_s' must be an integer, got 'soon'"),
     ],
 )
 def test_a_bad_engine_setting_is_refused_naming_it(settings_module, params, words):
@@ -298,6 +307,7 @@ def test_install_takes_the_cuda_vllm_on_a_gpu_host_with_a_fake_nvidia_smi(tmp_pa
 
 # -- against a real Triton -----------------------------------------------------------------------
 MAX_NUM_SEQS, MAX_QUEUE = 8, 2  # the served model's limits: 10 prompts held, the 11th is busy
+UNLOAD_DRAIN_S = 20  # how long an unload lets the served model's answers in flight finish
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +320,7 @@ def server(tmp_path_factory, start_module_server):
     cfg = repo.config("smollm2_vllm")
     cfg.parameters["max_num_seqs"].string_value = str(MAX_NUM_SEQS)
     cfg.parameters["max_queue_size"].string_value = str(MAX_QUEUE)
+    cfg.parameters["unload_drain_s"].string_value = str(UNLOAD_DRAIN_S)
     repo.write_config("smollm2_vllm", cfg)
     return start_module_server(
         repo.path, load_models=["smollm2_vllm", "smollm2"], startup_timeout_s=900
@@ -533,6 +544,13 @@ def post_generate(
     return status, errors[0] if errors else text
 
 
+def same_count(message: str) -> str:
+    """Triton's words for a missing input, with the number of inputs the model takes left out."""
+    return re.sub(
+        r"expected (number of inputs between \d+ and \d+|\d+ inputs)", "expected", message
+    )
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
 def test_bad_input_gets_smollm2s_status_and_words_and_the_model_keeps_serving(
@@ -542,7 +560,11 @@ def test_bad_input_gets_smollm2s_status_and_words_and_the_model_keeps_serving(
     for body in BAD_BODIES:
         vllm = post_generate(server, "smollm2_vllm", body, endpoint)
         plain = post_generate(server, "smollm2", body, endpoint)
-        assert vllm == (plain[0], plain[1].replace("'smollm2'", "'smollm2_vllm'")), body
+        # Triton's own words for a missing input count the optional inputs smollm2_vllm has
+        assert (vllm[0], same_count(vllm[1])) == (
+            plain[0],
+            same_count(plain[1].replace("'smollm2'", "'smollm2_vllm'")),
+        ), body
         assert (vllm[0] == 400 or endpoint == "generate_stream") and vllm[1], (body, vllm)
         assert "Traceback" not in vllm[1] and 'File "' not in vllm[1], vllm
     assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
@@ -567,6 +589,467 @@ def engine_processes(server: TritonServer) -> tuple[int, list[psutil.Process]]:
     return stub, psutil.Process(stub).children(recursive=True)
 
 
+# -- the contract of Triton's vLLM backend and its OpenAI frontend -------------------------------
+@pytest.fixture(scope="module")
+def contract_module():
+    with imported_as_triton_does(MODEL / "1", "contract") as module:
+        yield module
+
+
+class FakeTensor:
+    """Stands in for a pb_utils.Tensor (the stub's C++ type) in the no-server tests."""
+
+    def __init__(self, name: str, value) -> None:
+        import numpy as np
+
+        self._name, self._value = name, np.asarray(value)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self):
+        return self._value
+
+
+class FakeRequest:
+    """Stands in for a pb_utils.InferenceRequest in the no-server tests."""
+
+    def __init__(self, parameters: dict | None = None, **inputs) -> None:
+        self._parameters = json.dumps(parameters or {})
+        self._inputs = [FakeTensor(k, v) for k, v in inputs.items()]
+
+    def inputs(self) -> list:
+        return self._inputs
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class LabReader:
+    """The lab's reader's part the contract uses: the prompts and the lab's parameters."""
+
+    def __init__(self, protocol) -> None:
+        self.protocol = protocol
+
+    def read(self, request):
+        raw = json.loads(request.parameters())
+        unknown = set(raw) - {"max_tokens", "temperature", "stream", "return_full_text"}
+        if unknown:
+            raise self.protocol.RequestError(f"unknown parameter(s) {sorted(unknown)}")
+        settings = self.protocol.parse_settings(raw, self.protocol.Settings())
+        return self.protocol.Prompts(
+            shape=(1,),
+            texts=["Hi"],
+            ids=[[1, 2]],
+            settings=settings,
+            full_text=raw.get("return_full_text", True),
+            stream=raw.get("stream", False),
+        )
+
+
+#: A few of vLLM 0.32's SamplingParams fields, with their types as vLLM declares them.
+FIELDS = {
+    "n": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "max_tokens": int | None,
+    "seed": int | None,
+    "repetition_penalty": float,
+    "min_tokens": int,
+    "stop": str | list[str] | None,
+    "logit_bias": dict[int, float] | None,
+    "ignore_eos": bool,
+    "detokenize": bool,
+    "_eos_token_id": int | None,
+}
+
+
+def contract_reader(contract_module, built: list, context: int = 64):
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+
+    def build(fields: dict) -> dict:
+        if fields.get("temperature", 0) > 2:
+            raise ValueError(f"temperature must be in [0, 2], got {fields['temperature']}")
+        built.append(fields)
+        return SimpleNamespace(**fields)
+
+    return contract_module.ContractReader(LabReader(protocol), FIELDS, build, context)
+
+
+def test_the_frontends_tensors_become_vllm_fields_over_the_lab_parameters(contract_module):
+    import numpy as np
+
+    built: list[dict] = []
+    reader = contract_reader(contract_module, built)
+    sampling = {"n": 1, "temperature": 0, "top_p": 1, "max_tokens": 8, "stop": ["."]}
+    request = reader.read(
+        FakeRequest(
+            {"max_tokens": 4, "min_tokens": 2},
+            sampling_parameters=np.array([json.dumps(sampling).encode()], dtype=object),
+            stream=np.array([True]),
+            exclude_input_in_output=np.array([True]),
+            return_finish_reason=np.array([True]),
+            return_num_output_tokens=np.array([False]),
+        )
+    )
+    (fields,) = built
+    # sampling_parameters win over the request's parameters, those over the defaults; a float
+    # field takes a JSON integer; stop strings need vLLM's detokenizer
+    assert fields["max_tokens"] == 8 and fields["min_tokens"] == 2 and fields["stop"] == ["."]
+    assert fields["temperature"] == 0.0 and isinstance(fields["temperature"], float)
+    assert fields["detokenize"] is True and request.vllm_text
+    assert request.prompts.stream and not request.prompts.full_text
+    assert request.returns.finish_reason and not request.returns.num_output_tokens
+
+
+@pytest.mark.parametrize(
+    ("sampling", "words"),
+    [
+        ("{'temperature': 0.5}", "'sampling_parameters' is not valid JSON"),
+        ("[1, 2]", "must be a JSON object of vLLM SamplingParams fields, got list"),
+        ('{"colour": "red", "temperature": 0}', "unknown field 'colour' of 'sampling_parameters'"),
+        ('{"temperature": "hot"}', "field 'temperature' of 'sampling_parameters' must be a number"),
+        ('{"n": 1.5}', "field 'n' of 'sampling_parameters' must be an integer, got 1.5"),
+        ('{"ignore_eos": 1}', "field 'ignore_eos' of 'sampling_parameters' must be true or false"),
+        ('{"stop": [1]}', "'stop' of 'sampling_parameters' must be a string or a list of strings"),
+        ('{"logit_bias": {"x": 1}}', "key 'x' is not an integer"),
+        ('{"detokenize": true}', "'detokenize' of 'sampling_parameters' is set by the model"),
+        ('{"_eos_token_id": 1}', "unknown field '_eos_token_id'"),
+        ('{"temperature": 5}', r"vLLM refused the request: temperature must be in \[0, 2\], got 5"),
+        ('{"max_tokens": 100}', "prompt 0 is 2 tokens; with max_tokens=100 that exceeds"),
+    ],
+)
+def test_a_bad_sampling_parameters_input_is_refused_naming_the_field(
+    contract_module, sampling, words
+):
+    import numpy as np
+
+    reader = contract_reader(contract_module, [])
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+    tensor = np.array([sampling.encode()], dtype=object)
+    with pytest.raises(protocol.RequestError, match=words):
+        reader.read(FakeRequest(sampling_parameters=tensor))
+
+
+def test_a_flag_input_must_be_one_bool(contract_module):
+    import numpy as np
+
+    reader = contract_reader(contract_module, [])
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+    with pytest.raises(protocol.RequestError, match="input 'stream' must be one BOOL, got 2"):
+        reader.read(FakeRequest(stream=np.array([True, False])))
+
+
+def openai_frontend_inputs(prompt: str, sampling: dict, stream: bool, echo: bool = False):
+    """The tensors Triton's OpenAI frontend (server repo, python/openai, triton.py's
+    _create_vllm_generate_request) sends for a completion: the prompt, stream, the echo flag as
+    exclude_input_in_output, the sampling fields as one JSON string, and the usage flags."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    tensors = {
+        "text_input": np.array([prompt.encode()], dtype=object),
+        "stream": np.array([stream]),
+        "exclude_input_in_output": np.array([not echo]),
+        "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+        "return_num_input_tokens": np.array([True]),
+        "return_num_output_tokens": np.array([True]),
+        "return_logprobs": np.array([False]),
+    }
+    inputs = []
+    for name, value in tensors.items():
+        tensor = grpcclient.InferInput(
+            name, list(value.shape), "BYTES" if value.dtype == object else "BOOL"
+        )
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    return inputs
+
+
+#: What the frontend's request model makes of {"model", "prompt", "max_tokens": 16,
+#: "temperature": 0}: its other sampling fields' defaults (model_dump, exclude_none), max_tokens.
+FRONTEND_SAMPLING = {
+    "frequency_penalty": 0,
+    "ignore_eos": False,
+    "n": 1,
+    "presence_penalty": 0,
+    "temperature": 0,
+    "top_p": 1,
+    "max_tokens": 16,
+}
+
+
+def grpc_stream(server: TritonServer, inputs: list, timeout_s: float = 300) -> list:
+    """Every response of one decoupled gRPC request, up to its final one."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    arrived: queue.Queue = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    grpc.start_stream(callback=lambda result, error: arrived.put((result, error)))
+    try:
+        grpc.async_stream_infer("smollm2_vllm", inputs)
+        results = []
+        while True:
+            result, error = arrived.get(timeout=timeout_s)
+            if error is not None:
+                raise error
+            results.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return results
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+
+
+def prompt_tokens(prompt: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(MODEL / "weights")(prompt)["input_ids"])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_frontends_request_gets_the_greedy_answer_and_its_token_counts(
+    server, expected, stream
+):
+    results = grpc_stream(server, openai_frontend_inputs("I am going", FRONTEND_SAMPLING, stream))
+    texts = [r.as_numpy("text_output").reshape(-1)[0].decode() for r in results]
+    # exclude_input_in_output (the frontend's echo=False): the answer without its prompt
+    assert "".join(texts) == expected["I am going"].removeprefix("I am going")
+    assert len(results) == (17 if stream else 1)
+    # the frontend takes the prompt's count from any response and adds up the answer's
+    assert {int(r.as_numpy("num_input_tokens")[0]) for r in results} == {
+        prompt_tokens("I am going")
+    }
+    assert sum(int(r.as_numpy("num_output_tokens")[0]) for r in results) == 16
+    assert all(r.as_numpy("finish_reason") is None for r in results)  # not asked for
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_stop_string_ends_the_answer_before_it_and_the_finish_reason_says_stop(
+    server, expected, endpoint
+):
+    whole = expected["I am going"]  # " to be a part of the team. ..."
+    body = {
+        "text_input": "I am going",
+        "sampling_parameters": json.dumps({"stop": [" part"], "max_tokens": 16}),
+        "return_finish_reason": True,
+        "return_num_output_tokens": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, endpoint)
+    assert status == 200, text
+    events = [json.loads(t[5:]) for t in text.splitlines() if t.startswith("data:")]
+    events = events or [json.loads(text)]
+    assert "".join(e["text_output"] for e in events) == whole[: whole.index(" part")]
+    assert events[-1]["finish_reason"] == "stop"
+    if endpoint == "generate_stream":
+        assert all(e["finish_reason"] == "" for e in events[:-1])
+    # without a stop string the answer runs to max_tokens
+    body["sampling_parameters"] = json.dumps({"max_tokens": 16})
+    status, text = post_generate(server, "smollm2_vllm", body, "generate")
+    assert (json.loads(text)["text_output"], json.loads(text)["finish_reason"]) == (whole, "length")
+    assert json.loads(text)["num_output_tokens"] == 16
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_n_answers_per_prompt_each_with_its_own_count(server):
+    sampling = {"n": 3, "temperature": 1.0, "seed": 7, "max_tokens": 8}
+    body = {
+        "text_input": "Once upon a time there was",
+        "sampling_parameters": json.dumps(sampling),
+        "return_num_output_tokens": True,
+        "return_finish_reason": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 200, text
+    answer = json.loads(text)
+    assert len(answer["text_output"]) == 3 and all(answer["text_output"]), answer
+    assert len(set(answer["text_output"])) > 1, answer  # sampled with one seed: not one answer 3x
+    assert all(0 < count <= 8 for count in answer["num_output_tokens"]), answer
+    assert all(reason in ("stop", "length") for reason in answer["finish_reason"]), answer
+
+
+#: sampling_parameters a client gets wrong, and the words of each 400.
+BAD_SAMPLING = [
+    ("{'temperature': 0.5}", "input 'sampling_parameters' is not valid JSON"),
+    ('{"colour": "red"}', "unknown field 'colour' of 'sampling_parameters'"),
+    ('{"temperature": "hot"}', "field 'temperature' of 'sampling_parameters' must be a number"),
+    ('{"temperature": 5}', "vLLM refused the request: temperature must be in [0, 2], got 5"),
+    ('{"top_k": -5}', "vLLM refused the request: top_k must be 0 (disable), or at least 1"),
+    ('{"n": 2, "temperature": 0}', "vLLM refused the request: n must be 1 when using greedy"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_bad_sampling_parameters_get_a_400_naming_the_problem_never_a_cancel(
+    server, expected, endpoint
+):
+    before = stubs(server)["smollm2_vllm"]
+    for sampling, words in BAD_SAMPLING:
+        body = {"text_input": "I am going", "sampling_parameters": sampling}
+        status, said = post_generate(server, "smollm2_vllm", body, endpoint)
+        assert (status == 400 or endpoint == "generate_stream") and words in said, (body, said)
+        assert "cancelled" not in said, said
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
+    assert stubs(server)["smollm2_vllm"] == before
+
+
+#: A JSON schema a structured answer must follow (checked by hand below: no jsonschema needed).
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_json_schema_gets_an_answer_that_parses_and_follows_it(server):
+    structured = {"json": PERSON, "disable_any_whitespace": True}
+    body = {
+        "text_input": "Describe a person as JSON:",
+        "sampling_parameters": json.dumps({"structured_outputs": structured, "max_tokens": 48}),
+        "exclude_input_in_output": True,
+        "return_finish_reason": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 200, text
+    answer = json.loads(text)
+    assert answer["finish_reason"] == "stop", answer  # the grammar ended it, not max_tokens
+    person = json.loads(answer["text_output"])
+    assert set(person) == {"name", "age"}, person
+    assert isinstance(person["name"], str) and len(person["name"]) <= 12, person
+    assert isinstance(person["age"], int) and not isinstance(person["age"], bool), person
+    # a schema that does not parse is the client's mistake: a 400 in vLLM's words
+    structured["json"] = '{"type": "object", "properties": '
+    body["sampling_parameters"] = json.dumps({"structured_outputs": structured})
+    status, said = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 400 and "vLLM refused the request" in said and "cancelled" not in said, said
+
+
+# -- the watchdog (in .venv-vllm, no server) ------------------------------------------------------
+#: Runs in .venv-vllm (engine.py imports vLLM): the model's watchdog, on its own loop thread, with
+#: stand-ins for what only a running stub has (a request's response sender, Triton's logger).
+WATCHDOG_SCRIPT = """
+import asyncio, importlib, sys, time
+from types import SimpleNamespace
+sys.path[:0] = sys.argv[1:3]
+import triton_python_backend_utils as pb_utils
+logged = []
+pb_utils.Logger = SimpleNamespace(log_error=logged.append, log_info=logged.append)
+engine = importlib.import_module("1.engine")
+
+class Sender:  # its first answer to is_cancelled() is an exception, then: the client went away
+    asked = 0
+    def is_cancelled(self):
+        Sender.asked += 1
+        if Sender.asked == 1:
+            raise RuntimeError("is_cancelled failed once")
+        return True
+
+e = engine.VllmEngine("m", engine.EngineOptions(), "/w", None, None, set(), None)
+e._thread.start()
+async def held():
+    job = engine.Job(Sender(), SimpleNamespace(answers=1), ["m-0-0"])
+    job.task = asyncio.get_running_loop().create_task(asyncio.sleep(3600))
+    e._jobs.add(job)
+    return job
+job = asyncio.run_coroutine_threadsafe(held(), e._loop).result(10)
+watch = asyncio.run_coroutine_threadsafe(e._watch(), e._loop)
+deadline = time.monotonic() + 10
+while not job.task.cancelled() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print({"cancelled": job.task.cancelled(), "asked": Sender.asked, "watching": not watch.done(),
+       "logged": logged})
+"""
+
+
+@pytest.mark.integration
+def test_the_watchdog_survives_a_failed_pass_logs_it_and_still_cancels():
+    """Before, one exception in a pass ended the watchdog for the model's life: no cancellation
+    reached the engine any more, and nothing said so."""
+    import ast
+
+    import pytriton
+
+    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
+    done = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", WATCHDOG_SCRIPT, str(MODEL), str(backend)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert seen["cancelled"] and seen["asked"] >= 2 and seen["watching"], seen
+    (line,) = [m for m in seen["logged"] if "watchdog pass failed" in m]
+    assert "is_cancelled failed once" in line and "the watchdog goes on" in line, line
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_start_past_its_timeout_fails_the_load_and_ends_the_engines_processes(server):
+    """Before, the start's bound was fixed (900 s) and a start past it left the engine's
+    processes running: vLLM's start blocked the loop where stop() could not reach it."""
+    import shutil
+    import uuid
+
+    mark = uuid.uuid4().hex
+    late = Path(server.model_repository) / "smollm2_vllm_late"
+    shutil.copytree(Path(server.model_repository) / "smollm2_vllm", late, symlinks=True)
+    cfg = repository.read_config(late / "config.pbtxt")
+    cfg.name = "smollm2_vllm_late"
+    cfg.parameters["start_timeout_s"].string_value = "2"
+    cfg.parameters["VLLM_LABKIT_TEST_MARK"].string_value = mark  # in the engine's environment
+    repository.write_config(late / "config.pbtxt", cfg)
+    with pytest.raises(ServerError, match="did not start within start_timeout_s=2 s; ended its"):
+        server.load_model("smollm2_vllm_late")
+
+    def marked() -> list[int]:
+        pids = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("VLLM_LABKIT_TEST_MARK") == mark:
+                    pids.append(process.pid)
+        return pids
+
+    wait_for(lambda: not marked(), 60, "the late engine's processes to end")
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text  # the other one serves
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_unload_lets_a_live_stream_finish_whole(server, expected):
+    """Triton 2.51 holds a decoupled model in UNLOADING until every request in flight has had
+    its final response, and only then calls finalize: a live stream is never cut. (Seen here: a
+    2000-token stream kept the unload waiting past 80 s. The model cannot bound that wait: no
+    call tells a Python model that its unload has begun.) What finalize finds unfinished, it
+    lets run for ``unload_drain_s``, then ends with an error that says so."""
+    import time
+
+    stream = HeldStream(server, "I am going")  # 16 tokens
+    wait_for(lambda: stream.pieces, 300, "the stream's first piece")
+    started = time.monotonic()
+    server.unload_model("smollm2_vllm", timeout_s=UNLOAD_DRAIN_S + 60)
+    took = time.monotonic() - started
+    assert stream.done.wait(60) and stream.error is None, stream.error
+    assert "".join(stream.pieces) == expected["I am going"]
+    assert took < UNLOAD_DRAIN_S + 60, took
+    server.load_model("smollm2_vllm")  # for the tests after this one
+    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
+
+
+# -- last: this test unloads the model --------------------------------------------------------
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_back(

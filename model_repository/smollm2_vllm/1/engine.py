@@ -11,6 +11,12 @@ request's sender is never used after its final response: Triton 2.51's server cr
 ``TRITONBACKEND_ResponseFactoryIsCancelled``) when ``is_cancelled()`` was asked of a request that
 had just been answered.
 
+A request is read and checked before it comes here (``contract.py``): its vLLM SamplingParams
+are built, its answers are ``n`` per prompt. Without stop strings vLLM does not detokenize and the
+model decodes as ``smollm2`` does; with them, vLLM's text (cut before the stop string) is the
+answer. An unload lets the answers in flight finish for ``unload_drain_s``, then ends the rest
+with an error that says so. A start past ``start_timeout_s`` ends every process it started.
+
 When the engine dies (its core or worker process ended), every request fails with the reason, the
 engine's processes are shut down, and the stub ends: a Triton 2.51 Python model has no readiness
 of its own to report; a dead stub is what Triton and ``labkit.server.unhealthy`` see, and what
@@ -20,29 +26,25 @@ of its own to report; a dead stub is what Triton and ``labkit.server.unhealthy``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import itertools
 import locale
 import os
+import signal
 import threading
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import triton_python_backend_utils as pb_utils
 
+from .contract import Answer, Request, response
 from .decoupled import FINAL
 from .detokenize import IncrementalText
-from .protocol import (
-    Prompts,
-    Settings,
-    answer,
-    busy_response,
-    cancelled_response,
-    error_response,
-    text_response,
-)
+from .protocol import busy_response, cancelled_response, error_response
 from .vllm_settings import EngineOptions, engine_arguments, queue_limit
 
 # The stub's embedded Python starts in the C locale: torch's inductor (imported by vLLM) then
@@ -66,19 +68,38 @@ except ImportError as exc:
     ) from None
 
 CHECK_S = 0.05  # how often the clients are asked whether they went away, and the engine if it lives
-START_TIMEOUT_S = 900.0  # the engine's start: its processes, the weights, a first answer
+LOG_EVERY_S = 10.0  # a watchdog pass that keeps failing is logged at most this often
+
+
+class RequestRefused(Exception):
+    """vLLM refused a request as it took it in: answered 400 with vLLM's words."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One answer's state after an engine step (copied: vLLM's cumulative output grows on)."""
+
+    answer: int  # the answer's place in the request: prompt x n + vLLM's completion index
+    tokens: list[int]
+    text: str  # vLLM's text (only when it detokenizes: stop strings)
+    finish_reason: str | None
+    cumulative_logprob: float | None
+    logprobs: list | None
 
 
 @dataclass(eq=False)
 class Job:
-    """One request in the engine: its prompts, sender, and the text each prompt has sent."""
+    """One request in the engine: its sender, and what each of its answers has reached and sent.
+
+    A request of P prompts asking for n answers each has P x n answers, prompt by prompt."""
 
     sender: object
-    prompts: Prompts
+    request: Request
     ids: list[str]  # the engine's request id of each prompt
-    new: list[list[int]] = field(default_factory=list)  # each prompt's tokens so far
-    emitted: list[str] = field(default_factory=list)  # each prompt's text sent so far
-    texts: list[IncrementalText] = field(default_factory=list)  # each prompt's pieces, decoded
+    answers: list[Answer] = field(default_factory=list)
+    new: list[list[int]] = field(default_factory=list)  # each answer's tokens so far
+    emitted: list[str] = field(default_factory=list)  # each answer's text sent so far
+    texts: list[IncrementalText] = field(default_factory=list)  # each answer's pieces, decoded
     sent: bool = False  # a response went out already
     # Its final response went out: its sender is never touched again (Triton 2.51 crashes in
     # is_cancelled() of a request whose final response was sent).
@@ -110,7 +131,7 @@ class VllmEngine:
         self.limit = queue_limit(options)
         self.failure: str | None = None
         self.stats = dict.fromkeys(
-            ("answered", "tokens", "cancelled", "busy", "failed", "refused"), 0
+            ("answered", "tokens", "cancelled", "busy", "failed", "watch_errors"), 0
         )
         self._jobs: set[Job] = set()
         self._held = 0  # prompts in the engine or waiting for it
@@ -129,10 +150,24 @@ class VllmEngine:
         started = time.monotonic()
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start(warmup_ids), self._loop)
+        timeout_s = self.options.start_timeout_s
         try:
-            future.result(timeout=START_TIMEOUT_S)
+            future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            # The loop's thread may still be inside vLLM's start (from_engine_args blocks it),
+            # where stop() cannot reach the engine: its processes are ended first, which ends
+            # that start too, then the rest is stopped.
+            ended = end_children()
+            self.stop(timeout_s=10.0)
+            end_children()
+            raise TimeoutError(
+                f"model {self.name!r}: the vLLM engine did not start within start_timeout_s="
+                f"{timeout_s} s; ended its {ended} process(es); raise start_timeout_s in "
+                "config.pbtxt if the host is slow (a first compiled start takes minutes)"
+            ) from None
         except BaseException:
             self.stop()
+            end_children()
             raise
         return time.monotonic() - started
 
@@ -149,7 +184,12 @@ class VllmEngine:
         with self._lock:
             self._stopping = True
         if self._thread.is_alive():
-            message = f"model {self.name!r} is being unloaded; retry once it is loaded again"
+            drain_s = self._drain()
+            message = (
+                f"model {self.name!r} was unloaded before this answer ended (the answers in "
+                f"flight had unload_drain_s={drain_s:g} s to finish); retry once it is loaded "
+                "again"
+            )
             future = asyncio.run_coroutine_threadsafe(
                 _called(self._end_all, lambda: busy_response(message)), self._loop
             )
@@ -172,15 +212,27 @@ class VllmEngine:
         gc.collect()
         self._log_stats("stopped")
 
+    def _drain(self) -> float:
+        """Let the answers in flight finish (new requests are refused already), for at most
+        ``unload_drain_s``; return that bound. A dead engine has none to finish."""
+        drain_s = float(self.options.unload_drain_s)
+        deadline = time.monotonic() + drain_s
+        while self.failure is None and time.monotonic() < deadline:
+            if all(job.finished for job in self._held_jobs()):
+                break
+            time.sleep(CHECK_S)
+        return drain_s
+
     # -- requests ---------------------------------------------------------------------------------
-    def submit(self, sender, prompts: Prompts) -> None:
+    def submit(self, sender, request: Request) -> None:
         """Take one valid request: start it, or refuse it at once (stopped, busy, too big)."""
-        count = len(prompts.ids)
+        count = request.answers  # sequences in the engine: n per prompt
         if count > self.limit:
             sender.send(
                 error_response(
-                    f"the request holds {count} prompts; this model holds at most max_num_seqs + "
-                    f"max_queue_size = {self.limit} at once; send fewer per request"
+                    f"the request asks for {count} answers ({len(request.prompts.ids)} prompt(s) "
+                    f"x n={request.n}); this model holds at most max_num_seqs + max_queue_size = "
+                    f"{self.limit} sequences at once; send fewer prompts or a smaller n"
                 ),
                 flags=FINAL,
             )
@@ -190,10 +242,16 @@ class VllmEngine:
             if refusal is None:
                 self._held += count
                 number = next(self._numbers)
-                job = Job(sender, prompts, [f"{self.name}-{number}-{i}" for i in range(count)])
+                prompts = request.prompts.ids
+                job = Job(
+                    sender, request, [f"{self.name}-{number}-{i}" for i in range(len(prompts))]
+                )
+                job.answers = [Answer() for _ in range(count)]
                 job.new = [[] for _ in range(count)]
                 job.emitted = [""] * count
-                job.texts = [IncrementalText(ids, self.decode_ids) for ids in prompts.ids]
+                job.texts = [
+                    IncrementalText(prompts[i // request.n], self.decode_ids) for i in range(count)
+                ]
                 self._jobs.add(job)
             else:
                 self.stats["busy"] += 1
@@ -239,32 +297,28 @@ class VllmEngine:
 
     async def _serve(self, job: Job) -> None:
         updates: asyncio.Queue = asyncio.Queue()
-        try:
-            params = sampling_params(job.prompts.settings)
-        except Exception as exc:  # noqa: BLE001 (vLLM's validation errors are not ValueErrors)
-            # vLLM refuses what the lab's protocol lets through (a temperature above 2, ...):
-            # the client's mistake, answered as one (400) with vLLM's words, never as a cancel.
-            self.stats["refused"] += 1
-            self._finish(job, error_response(f"vLLM refused the request: {exc}"))
-            return
         rows = [
-            asyncio.create_task(self._row(job, i, ids, params, updates))
-            for i, ids in enumerate(job.prompts.ids)
+            asyncio.create_task(self._row(job, i, ids, updates))
+            for i, ids in enumerate(job.request.prompts.ids)
         ]
         try:
             running = len(rows)
             while running:
-                index, tokens, finished, error = await updates.get()
+                step, error = await updates.get()
                 if error is not None:
                     raise error
-                running -= finished
-                self._advance(job, index, tokens)
+                if step is None:  # a prompt's answers have all ended
+                    running -= 1
+                    continue
+                self._advance(job, step)
             self._answer(job)
             self.stats["answered"] += 1
         except asyncio.CancelledError:  # the watchdog saw the client go away, or a stop
             await self._cancelled(job, rows)
         except EngineDeadError as exc:
             self._crashed(exc)
+        except RequestRefused as exc:
+            self._finish(job, error_response(str(exc)))
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
             if not job.finished and job.sender.is_cancelled():  # a send to a gone client
                 await self._cancelled(job, rows)
@@ -290,46 +344,92 @@ class VllmEngine:
         )
         self._finish(job, cancelled_response())
 
-    async def _row(self, job: Job, index: int, ids: list[int], params, updates) -> None:
+    async def _row(self, job: Job, index: int, ids: list[int], updates) -> None:
+        """Feed one prompt's answers' steps (all n of them) to the request's task."""
+        params, n = job.request.params, job.request.n
+        answered = False  # vLLM has taken the request in: an output came
         try:
             async for out in self.llm.generate({"prompt_token_ids": ids}, params, job.ids[index]):
-                updates.put_nowait((index, list(out.outputs[0].token_ids), out.finished, None))
+                answered = True
+                for o in out.outputs:  # with n > 1, vLLM reports one completion at a time
+                    logprobs = None if o.logprobs is None else list(o.logprobs)
+                    step = Step(
+                        index * n + o.index,
+                        list(o.token_ids),
+                        o.text,
+                        o.finish_reason,
+                        o.cumulative_logprob,
+                        logprobs,
+                    )
+                    updates.put_nowait((step, None))
+                if out.finished:
+                    updates.put_nowait((None, None))
         except asyncio.CancelledError:
             raise
+        except (ValueError, TypeError) as exc:  # vLLM's checks as it takes the request in
+            # (a JSON schema that does not parse, ...): the client's mistake, a 400
+            refused = RequestRefused(f"vLLM refused the request: {exc}")
+            updates.put_nowait((None, exc if answered else refused))
         except Exception as exc:  # noqa: BLE001 (handed to the request's task)
-            updates.put_nowait((index, None, True, exc))
+            updates.put_nowait((None, exc))
 
-    def _advance(self, job: Job, index: int, tokens: list[int]) -> None:
-        """Record a prompt's tokens so far; a streaming request gets the text the new one adds."""
-        tokens = until_eos(tokens, self.eos_ids)
-        grew = len(tokens) > len(job.new[index])
-        self.stats["tokens"] += len(tokens) - len(job.new[index])
-        job.new[index] = tokens
-        if not (grew and job.prompts.stream):
+    def _advance(self, job: Job, step: Step) -> None:
+        """Record an answer's step; a streaming request gets the text its new token adds."""
+        i = step.answer
+        record = job.answers[i]
+        record.tokens = len(step.tokens)
+        record.finish_reason = step.finish_reason
+        record.cumulative_logprob = step.cumulative_logprob
+        record.logprobs = step.logprobs
+        if job.request.vllm_text:  # vLLM's text: it ends before a stop string
+            record.text = step.text
+            grew = len(step.tokens) > len(job.new[i])
+            job.new[i] = step.tokens
+            emitted = job.emitted[i]
+            piece = step.text[len(emitted) :] if step.text.startswith(emitted) else ""
+        else:
+            tokens = until_eos(step.tokens, self.eos_ids)
+            grew = len(tokens) > len(job.new[i])
+            self.stats["tokens"] += len(tokens) - len(job.new[i])
+            job.new[i] = tokens
+            piece = job.texts[i].piece(tokens) if grew and job.request.prompts.stream else ""
+        if not (grew and job.request.prompts.stream):
             return
-        piece = job.texts[index].piece(tokens)
-        job.emitted[index] += piece
-        pieces = [""] * len(job.ids)
-        pieces[index] = piece
+        job.emitted[i] += piece
+        pieces = [""] * len(job.answers)
+        pieces[i] = piece
         self._send(job, pieces)
 
     def _answer(self, job: Job) -> None:
-        whole = [self.decode(ids, new) for ids, new in zip(job.prompts.ids, job.new, strict=True)]
-        if not job.prompts.stream:
-            self._finish(job, answer(job.prompts, whole))
+        request = job.request
+        if request.vllm_text:
+            whole = [record.text for record in job.answers]
+            self.stats["tokens"] += sum(len(new) for new in job.new)
+        else:
+            prompts = request.prompts.ids
+            whole = [self.decode(prompts[i // request.n], new) for i, new in enumerate(job.new)]
+        if not request.prompts.stream:
+            self._finish(job, self._response(job, whole))
             return
         rest = []
         for text, emitted in zip(whole, job.emitted, strict=True):
             rest.append(text[len(emitted) :] if text.startswith(emitted) else "")
         self._send(job, rest, flags=FINAL)
 
-    def _send(self, job: Job, pieces: list[str], flags: int = 0) -> None:
-        """One streamed response; the first starts with the prompts if the request asked."""
-        if job.prompts.full_text and not job.sent:
-            pieces = [p + piece for p, piece in zip(job.prompts.texts, pieces, strict=True)]
-        job.finished = bool(flags & FINAL)
-        job.sender.send(text_response(pieces, job.prompts.shape), flags=flags)
+    def _response(self, job: Job, pieces: list[str]):
+        """A response with ``pieces``; the first starts with the prompts if the request asked."""
+        prompts = job.request.prompts
+        if prompts.full_text and not job.sent:
+            n = job.request.n
+            pieces = [prompts.texts[i // n] + piece for i, piece in enumerate(pieces)]
         job.sent = True
+        counts = [len(ids) for ids in prompts.ids]
+        return response(job.request, pieces, job.answers, counts)
+
+    def _send(self, job: Job, pieces: list[str], flags: int = 0) -> None:
+        """One streamed response."""
+        job.finished = bool(flags & FINAL)
+        job.sender.send(self._response(job, pieces), flags=flags)
 
     @staticmethod
     def _finish(job: Job, response) -> None:
@@ -346,21 +446,40 @@ class VllmEngine:
         with self._lock:
             if job in self._jobs:
                 self._jobs.discard(job)
-                self._held -= len(job.ids)
+                self._held -= job.request.answers
 
     # -- the watchdog -----------------------------------------------------------------------------
     async def _watch(self) -> None:
-        """Cancel the task of each request whose client went away; notice a dead engine."""
+        """Cancel the task of each request whose client went away; notice a dead engine.
+
+        A pass that fails is logged and the next one runs: one exception must not end
+        cancellation and the engine's death watch for the rest of the model's life."""
+        logged = -LOG_EVERY_S
         while True:
             await asyncio.sleep(CHECK_S)
-            for job in self._held_jobs():
-                if job.finished or job.cancelling or job.task is None or job.task.done():
-                    continue
-                if job.sender.is_cancelled():
-                    self._cancel_job(job)
-            if self.llm is not None and self.llm.errored and self.failure is None:
-                self._crashed(self.llm.dead_error)
-                return
+            try:
+                if self._watch_once():
+                    return
+            except Exception as exc:  # noqa: BLE001 (logged; the watch goes on)
+                self.stats["watch_errors"] += 1
+                if time.monotonic() - logged >= LOG_EVERY_S:  # a lasting fault: one line a while
+                    logged = time.monotonic()
+                    pb_utils.Logger.log_error(
+                        f"{self.name}: a watchdog pass failed ({exc!r}); "
+                        f"{self.stats['watch_errors']} so far; the watchdog goes on"
+                    )
+
+    def _watch_once(self) -> bool:
+        """One pass of the watchdog; True once the engine is dead (the watch then ends)."""
+        for job in self._held_jobs():
+            if job.finished or job.cancelling or job.task is None or job.task.done():
+                continue
+            if job.sender.is_cancelled():
+                self._cancel_job(job)
+        if self.llm is not None and self.llm.errored and self.failure is None:
+            self._crashed(self.llm.dead_error)
+            return True
+        return False
 
     def _crashed(self, exc: BaseException) -> None:
         if self.failure is not None:
@@ -452,18 +571,16 @@ class EngineMetrics:
 
 
 # -- helpers --------------------------------------------------------------------------------------
-def sampling_params(settings: Settings) -> SamplingParams:
-    """vLLM's sampling parameters for the lab's settings (temperature 0: greedy)."""
-    return SamplingParams(
-        max_tokens=settings.max_tokens,
-        temperature=settings.temperature,
-        top_k=settings.top_k,  # 0: off, in vLLM too
-        top_p=settings.top_p,
-        repetition_penalty=settings.repetition_penalty,
-        seed=settings.seed,
-        detokenize=False,  # the model decodes as smollm2 does (see model.py)
-        output_kind=RequestOutputKind.CUMULATIVE,
-    )
+#: The fields of vLLM's SamplingParams and their types: what a request may set, checked by name
+#: and type before vLLM checks the values (contract.py).
+SAMPLING_FIELDS = typing.get_type_hints(SamplingParams)
+
+
+def sampling_params(fields: dict) -> SamplingParams:
+    """vLLM's sampling parameters from a request's checked fields (temperature 0: greedy; top_k
+    0: off, in vLLM too). Without stop strings vLLM does not detokenize: the model decodes as
+    smollm2 does (see model.py), and its greedy answers equal smollm2's."""
+    return SamplingParams(**fields, output_kind=RequestOutputKind.CUMULATIVE)
 
 
 def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -471,6 +588,47 @@ def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
         if token in eos_ids:
             return tokens[:i]
     return tokens
+
+
+def end_children(timeout_s: float = 10.0) -> int:
+    """End every process this stub started (vLLM's engine core, its workers) and return how
+    many there were: SIGTERM, then SIGKILL after ``timeout_s``. The stub starts no other. Read
+    from /proc (Linux), as the model may import only the server's environment and vLLM."""
+    pids = _descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(map(_running, pids)):
+            time.sleep(0.1)
+    return len(pids)
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes under ``root``, at any depth (from /proc's parent ids)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/{entry}/stat") as stat:  # "pid (name) state ppid ..."
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended: only its exit status is left)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 async def _wind_down() -> None:

@@ -2,10 +2,14 @@
 
 The same contract as ``smollm2``: ``text_input``/``text_output``, the request parameters
 (max_tokens, temperature, top_k, top_p, repetition_penalty, seed, return_full_text, stream), and
-the same checks and error messages (``protocol.py``, linked from ``smollm2/1/``). A request that
-says ``"stream": true`` gets one response per token (``/generate_stream``, gRPC streaming), any
-other one final response (``/generate``). The engine (``engine.py``) and its settings
-(``vllm_settings.py``: config.pbtxt parameters) are this folder's own.
+the same checks and error messages (``protocol.py``, linked from ``smollm2/1/``), and beside them
+the contract of Triton's vLLM backend and of its OpenAI frontend (``contract.py``): the optional
+inputs ``sampling_parameters`` (any vLLM SamplingParams field: stop strings, n, ...), ``stream``,
+``exclude_input_in_output`` and ``return_*``, and the outputs they switch on (``finish_reason``,
+token counts, logprobs). A request that says ``"stream": true`` gets one response per token
+(``/generate_stream``, gRPC streaming), any other one final response (``/generate``). The engine
+(``engine.py``) and its settings (``vllm_settings.py``: config.pbtxt parameters) are this
+folder's own.
 
 The model runs in ``.venv-vllm`` (vLLM, with numpy < 2 for the stub): labkit writes its path into
 the run's copy of config.pbtxt as ``EXECUTION_ENV_PATH``; ``make install`` creates it.
@@ -22,6 +26,7 @@ from types import SimpleNamespace
 import triton_python_backend_utils as pb_utils
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+from .contract import ContractReader
 from .decoupled import FINAL
 from .loading import context_length, end_of_sequence_ids, resolve_source
 from .protocol import (
@@ -56,7 +61,8 @@ class TritonPythonModel:
         os.environ.update(device_environment(params))
         # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
         # which imports vLLM, comes in only now that the environment holds them.
-        from .engine import EngineMetrics, VllmEngine
+        from .engine import SAMPLING_FIELDS, EngineMetrics, VllmEngine, sampling_params
+
         weights, _ = resolve_source(options.huggingface_model, Path(args["model_repository"]))
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
         # smollm2's own readings of the context and the end tokens, from the same files
@@ -65,7 +71,12 @@ class TritonPythonModel:
             generation_config=GenerationConfig.from_pretrained(weights),
         )
         context = engine_options.max_model_len or context_length(described, self.tokenizer)
-        self.reader = RequestReader(self.tokenizer, options.defaults, options.full_text, context)
+        self.reader = ContractReader(
+            RequestReader(self.tokenizer, options.defaults, options.full_text, context),
+            SAMPLING_FIELDS,
+            sampling_params,
+            context,
+        )
         self.engine = VllmEngine(
             self.name,
             engine_options,

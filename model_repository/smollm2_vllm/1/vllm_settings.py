@@ -35,6 +35,11 @@ class EngineOptions:
     tensor_parallel_size: int = 1  # devices (or NeuronCores) one copy of the model spans
     block_size: int = 0  # KV cache block, in tokens; 0: vLLM's default for the platform
     additional_config: str = ""  # a JSON object for the platform plugin (Neuron's overrides)
+    # the engine's start (its processes, the weights, a first answer) may take this long; past
+    # it the load fails and every process the engine started is ended
+    start_timeout_s: int = 900
+    # an unload lets the answers in flight finish for this long, then ends the rest with an error
+    unload_drain_s: int = 30
 
 
 MINIMUM = {
@@ -42,6 +47,7 @@ MINIMUM = {
     "max_num_seqs": 1,
     "max_num_batched_tokens": 16,
     "tensor_parallel_size": 1,
+    "start_timeout_s": 1,
 }
 #: Upper-case parameters with these prefixes become the engine's environment variables (the
 #: platform is chosen by them: VLLM_PLUGINS, NEURON_RT_VISIBLE_CORES, ...).

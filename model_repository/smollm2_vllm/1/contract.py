@@ -1,0 +1,409 @@
+"""The contract Triton's vLLM clients speak, on top of the lab's (``protocol.py``).
+
+Triton's own ``vllm_backend``, and the OpenAI-compatible frontend that drives it
+(``python/openai`` in Triton's server repository, ``_create_vllm_generate_request``), send:
+
+- ``text_input``: the prompt (the lab's contract: any shape);
+- ``sampling_parameters``: a JSON object of vLLM ``SamplingParams`` fields, as a string (BYTES,
+  one element): ``{"max_tokens": 16, "temperature": 0, "n": 1, "stop": ["."], ...}``;
+- ``stream``, ``exclude_input_in_output``: BOOL, one element; they take precedence over the lab's
+  request parameters ``stream`` and ``return_full_text``;
+- ``return_finish_reason``, ``return_num_input_tokens``, ``return_num_output_tokens``,
+  ``return_cumulative_logprob``, ``return_logprobs``: BOOL, one element, each switching on the
+  output of that name.
+
+The outputs beside ``text_output``, one element per answer: ``finish_reason`` (BYTES: "stop",
+"length", or "" while the answer goes on), ``num_input_tokens`` (UINT32, the prompt's tokens),
+``num_output_tokens`` (UINT32, the tokens this response adds: a stream's responses sum to the
+answer's, as the OpenAI frontend adds them up), ``cumulative_logprob`` (FP32) and ``logprobs``
+(BYTES: a JSON list, one ``{token id: {"logprob", "rank", "decoded_token"}}`` per token this
+response adds, or ``null`` when the request asked for none). With ``n`` > 1 a request of P prompts
+gets P x n answers, prompt by prompt, as a flat list.
+
+The lab's request parameters keep working (max_tokens, temperature, top_k, top_p,
+repetition_penalty, seed, return_full_text, stream), and any other scalar ``SamplingParams`` field
+may be a request parameter too. ``sampling_parameters`` wins over the parameters, which win over
+config.pbtxt. Every field is checked by name and type here, then by vLLM itself (a temperature
+above 2...), before the request takes a place in the engine: each refusal is a 400 that names the
+field. This module does not import vLLM: the engine passes vLLM's field types and a builder in.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from .protocol import IGNORED_PARAMETERS, OUTPUT_NAME, Prompts, RequestError, Settings
+
+SAMPLING_INPUT = "sampling_parameters"
+SAMPLING_FIELD = "field {!r} of 'sampling_parameters'"  # how a refusal names one of its fields
+FLAG_INPUTS = ("stream", "exclude_input_in_output")
+RETURNS = (
+    "finish_reason",
+    "num_input_tokens",
+    "num_output_tokens",
+    "cumulative_logprob",
+    "logprobs",
+)
+#: SamplingParams fields the model sets itself: how vLLM hands back its output.
+MODEL_OWNED = frozenset(
+    {
+        "detokenize",
+        "output_kind",
+        "skip_clone",
+        "output_text_buffer_length",
+        "prompt_logprob_token_ids",
+    }
+)
+#: The lab's own request parameters (protocol.py reads them).
+LAB_PARAMETERS = (
+    frozenset(Settings.__dataclass_fields__) | IGNORED_PARAMETERS | {"return_full_text"}
+)
+
+
+@dataclass(frozen=True)
+class Returns:
+    """Which outputs beside ``text_output`` a request asked for."""
+
+    finish_reason: bool = False
+    num_input_tokens: bool = False
+    num_output_tokens: bool = False
+    cumulative_logprob: bool = False
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request, read and checked: the lab's prompts, vLLM's sampling parameters, the outputs."""
+
+    prompts: Prompts
+    params: object  # vLLM's SamplingParams, built and validated by vLLM
+    n: int  # answers per prompt
+    returns: Returns
+    vllm_text: bool  # vLLM detokenizes (stop strings): its text is the answer
+
+    @property
+    def answers(self) -> int:
+        return len(self.prompts.ids) * self.n
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """text_output's shape: the input's, or a flat list of every prompt's n answers."""
+        return self.prompts.shape if self.n == 1 else (self.answers,)
+
+
+@dataclass
+class Answer:
+    """What one answer (a prompt's completion) has reached, and what its responses told."""
+
+    text: str = ""  # its text so far (including what was sent)
+    tokens: int = 0  # tokens vLLM generated for it (an end-of-sequence token included)
+    finish_reason: str | None = None
+    cumulative_logprob: float | None = None
+    logprobs: list | None = None  # vLLM's, one dict per token
+    counted: int = 0  # tokens already reported in num_output_tokens
+    logged: int = 0  # logprobs entries already sent
+
+
+class ContractReader:
+    """Turns a Triton request into a :class:`Request`, or raises :class:`RequestError`.
+
+    ``base`` is the lab's reader (prompts, the lab's parameters); ``annotations`` are vLLM's
+    ``SamplingParams`` field types; ``build(fields)`` makes vLLM's SamplingParams (its errors are
+    the client's: a 400 in vLLM's words); ``context`` is the model's context in tokens.
+    """
+
+    def __init__(
+        self,
+        base,
+        annotations: Mapping[str, object],
+        build: Callable[[dict], object],
+        context: int | None,
+    ) -> None:
+        self.base = base
+        self.annotations = {
+            k: v for k, v in annotations.items() if not k.startswith("_") and k not in MODEL_OWNED
+        }
+        self.build = build
+        self.context = context
+
+    def read(self, request) -> Request:
+        raw = json.loads(request.parameters() or "{}")
+        extra = {
+            k: raw.pop(k) for k in list(raw) if k not in LAB_PARAMETERS and k in self.annotations
+        }
+        prompts = self.base.read(_WithParameters(request, raw))
+        stream = _flag(request, "stream")
+        exclude = _flag(request, "exclude_input_in_output")
+        prompts = replace(
+            prompts,
+            stream=prompts.stream if stream is None else stream,
+            full_text=prompts.full_text if exclude is None else not exclude,
+        )
+        chosen = {
+            "max_tokens": prompts.settings.max_tokens,
+            "temperature": prompts.settings.temperature,
+            "top_k": prompts.settings.top_k,
+            "top_p": prompts.settings.top_p,
+            "repetition_penalty": prompts.settings.repetition_penalty,
+            "seed": prompts.settings.seed,
+        }
+        chosen.update(self._checked(extra, "request parameter {!r}"))
+        chosen.update(self._checked(self._sampling_input(request), SAMPLING_FIELD))
+        self._check_context(prompts, chosen.get("max_tokens"))
+        vllm_text = bool(chosen.get("stop")) or bool(chosen.get("include_stop_str_in_output"))
+        try:
+            params = self.build(dict(chosen, detokenize=vllm_text))
+        except Exception as exc:  # noqa: BLE001 (vLLM's validation errors are not all ValueErrors)
+            raise RequestError(f"vLLM refused the request: {exc}") from None
+        returns = Returns(**{name: bool(_flag(request, f"return_{name}")) for name in RETURNS})
+        n = getattr(params, "n", 1) or 1
+        return Request(prompts, params, n, returns, vllm_text)
+
+    def _sampling_input(self, request) -> dict:
+        tensor = pb_utils.get_input_tensor_by_name(request, SAMPLING_INPUT)
+        if tensor is None:
+            return {}
+        items = tensor.as_numpy().reshape(-1)
+        if items.size != 1:
+            raise RequestError(
+                f"input {SAMPLING_INPUT!r} must hold one JSON string, got {items.size} elements"
+            )
+        text = items[0].decode("utf-8", "replace") if isinstance(items[0], bytes) else str(items[0])
+        return parse_sampling_parameters(text)
+
+    def _checked(self, values: Mapping[str, object], where: str) -> dict:
+        """``values`` checked by name and type; ``where`` names them: "field {!r} of ..."."""
+        owned = sorted(set(values) & MODEL_OWNED)
+        if owned:
+            raise RequestError(
+                f"{where.format(owned[0])} is set by the model, not by a request; leave it out"
+            )
+        unknown = sorted(set(values) - set(self.annotations))
+        if unknown:
+            raise RequestError(
+                f"unknown {where.replace('{!r}', ', '.join(map(repr, unknown)))}: not a vLLM "
+                "SamplingParams field; this model takes "
+                f"{', '.join(sorted(self.annotations))}"
+            )
+        return {k: check_value(where.format(k), v, self.annotations[k]) for k, v in values.items()}
+
+    def _check_context(self, prompts: Prompts, max_tokens: object) -> None:
+        if not self.context or not isinstance(max_tokens, int):
+            return
+        for i, seq in enumerate(prompts.ids):
+            if len(seq) + max_tokens > self.context:
+                raise RequestError(
+                    f"prompt {i} is {len(seq)} tokens; with max_tokens={max_tokens} that "
+                    f"exceeds the model's context of {self.context} tokens; shorten the prompt "
+                    "or lower max_tokens"
+                )
+
+
+def parse_sampling_parameters(text: str) -> dict:
+    """The JSON object of ``sampling_parameters``; raises :class:`RequestError`."""
+    example = 'e.g. {"temperature": 0.7, "max_tokens": 32, "stop": ["."]}'
+    try:
+        values = json.loads(text)
+    except ValueError as exc:
+        raise RequestError(
+            f"input {SAMPLING_INPUT!r} is not valid JSON ({exc}); send a JSON object of vLLM "
+            f"SamplingParams fields, {example}"
+        ) from None
+    if not isinstance(values, dict):
+        raise RequestError(
+            f"input {SAMPLING_INPUT!r} must be a JSON object of vLLM SamplingParams fields, got "
+            f"{type(values).__name__} {text[:80]!r}; {example}"
+        )
+    return values
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def check_value(name: str, value: object, annotation: object) -> object:
+    """``value`` checked against a field's type (``int``, ``float | None``, ``list[str]``...),
+    converted where JSON cannot say it (an int for a float, string keys of a dict of ints, a
+    JSON object for a dataclass such as vLLM's StructuredOutputsParams)."""
+    try:
+        return _converted(value, annotation)
+    except (TypeError, ValueError) as exc:
+        raise RequestError(
+            f"{name} must be {_described(annotation)}, got {value!r}{exc.args[0] if exc.args else ''}"
+        ) from None
+
+
+def _converted(value: object, annotation: object) -> object:
+    """``value`` as ``annotation``; raises TypeError (or ValueError, with words to add)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _union(value, typing.get_args(annotation))
+    if annotation is typing.Any:
+        return value
+    if annotation in _KINDS:
+        return _scalar(value, annotation)
+    if origin in (list, set):
+        (item,) = typing.get_args(annotation) or (typing.Any,)
+        if not isinstance(value, list):
+            raise TypeError()
+        return [_converted(v, item) for v in value]
+    if origin is dict:
+        return _mapping(value, *(typing.get_args(annotation) or (typing.Any, typing.Any)))
+    if isinstance(annotation, type) and is_dataclass(annotation):
+        return _record(value, annotation)
+    if isinstance(annotation, type) and not isinstance(value, annotation):
+        raise TypeError()
+    return value
+
+
+def _union(value: object, options: tuple) -> object:
+    if value is None and type(None) in options:
+        return None
+    reason: Exception = TypeError()
+    for option in options:
+        if option is type(None):
+            continue
+        try:
+            return _converted(value, option)
+        except TypeError:
+            continue
+        except ValueError as exc:  # the right kind, with a wrong part: say which
+            reason = exc
+    raise reason
+
+
+def _scalar(value: object, kind: type) -> object:
+    if isinstance(value, bool) != (kind is bool):  # JSON's true is no number, 1 no boolean
+        raise TypeError()
+    if kind is float and isinstance(value, int):
+        value = float(value)
+    if not isinstance(value, kind):
+        raise TypeError()
+    if kind is float and (value != value or value in (float("inf"), float("-inf"))):
+        raise ValueError(" (not finite)")
+    return value
+
+
+def _mapping(value: object, key: object, item: object) -> dict:
+    if not isinstance(value, dict):
+        raise TypeError()
+    converted = {}
+    for k, v in value.items():
+        if key is int and isinstance(k, str):  # JSON's keys are strings: logit_bias {"42": 5}
+            try:
+                k = int(k)
+            except ValueError:
+                raise ValueError(f" (key {k!r} is not an integer)") from None
+        converted[_converted(k, key)] = _converted(v, item)
+    return converted
+
+
+def _record(value: object, kind: type) -> object:
+    """A dataclass (vLLM's StructuredOutputsParams) from a JSON object, or its JSON string (the
+    OpenAI frontend sends structured_outputs as a string)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise TypeError() from None
+    if not isinstance(value, dict):
+        raise TypeError()
+    unknown = sorted(set(value) - {f.name for f in fields(kind)})
+    if unknown:
+        raise ValueError(f" (unknown key(s) {', '.join(map(repr, unknown))})")
+    return kind(**value)
+
+
+def _described(annotation: object) -> str:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        words = " or ".join(_described(a) for a in options)
+        return f"{words} or null" if len(options) < len(typing.get_args(annotation)) else words
+    if origin in (list, set):
+        (item,) = typing.get_args(annotation) or (typing.Any,)
+        return f"a list of {_described(item).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a JSON object"
+    if isinstance(annotation, type) and is_dataclass(annotation):
+        return f"a JSON object of {annotation.__name__}'s fields"
+    return _KINDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _flag(request, name: str) -> bool | None:
+    """A BOOL input of one element, or None when the request has none."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return None
+    items = tensor.as_numpy().reshape(-1)
+    if items.size != 1 or items.dtype != np.bool_:
+        raise RequestError(
+            f"input {name!r} must be one BOOL, got {items.size} element(s) of {items.dtype}"
+        )
+    return bool(items[0])
+
+
+class _WithParameters:
+    """A request whose ``parameters()`` are ``values`` (the lab's reader reads its own)."""
+
+    def __init__(self, request, values: dict) -> None:
+        self._request = request
+        self._parameters = json.dumps(values)
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def __getattr__(self, name: str):
+        return getattr(self._request, name)
+
+
+# -- writing a response -------------------------------------------------------------------------
+def response(request: Request, texts: list[str], answers: list[Answer], prompt_tokens: list[int]):
+    """A response: each answer's ``texts`` in text_output, and the outputs the request asked for
+    (``num_output_tokens`` and ``logprobs`` count what this response adds: each answer's
+    ``counted`` and ``logged`` move on)."""
+    out = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(request.shape)
+    tensors = [pb_utils.Tensor(OUTPUT_NAME, out)]
+    asked = request.returns
+    if asked.finish_reason:
+        reasons = [(a.finish_reason or "").encode() for a in answers]
+        tensors.append(pb_utils.Tensor("finish_reason", np.array(reasons, dtype=np.object_)))
+    if asked.num_input_tokens:
+        counts = [prompt_tokens[i // request.n] for i in range(len(answers))]
+        tensors.append(pb_utils.Tensor("num_input_tokens", np.array(counts, dtype=np.uint32)))
+    if asked.num_output_tokens:
+        counts = [a.tokens - a.counted for a in answers]
+        for a in answers:
+            a.counted = a.tokens
+        tensors.append(pb_utils.Tensor("num_output_tokens", np.array(counts, dtype=np.uint32)))
+    if asked.cumulative_logprob:
+        values = [np.nan if a.cumulative_logprob is None else a.cumulative_logprob for a in answers]
+        tensors.append(pb_utils.Tensor("cumulative_logprob", np.array(values, dtype=np.float32)))
+    if asked.logprobs:
+        tensors.append(pb_utils.Tensor("logprobs", np.array(_logprobs(answers), dtype=np.object_)))
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _logprobs(answers: list[Answer]) -> list[bytes]:
+    """Each answer's new logprobs entries as JSON (``null`` when vLLM computed none)."""
+    texts = []
+    for a in answers:
+        if a.logprobs is None:
+            texts.append(b"null")
+            continue
+        new = [
+            {
+                str(token): {"logprob": p.logprob, "rank": p.rank, "decoded_token": p.decoded_token}
+                for token, p in entry.items()
+            }
+            for entry in a.logprobs[a.logged :]
+        ]
+        a.logged = len(a.logprobs)
+        texts.append(json.dumps(new).encode())
+    return texts
