@@ -102,7 +102,7 @@ def test_every_known_case_names_a_crash_kind_and_a_reason():
 
 
 # -- the watch itself, on a kernel log written by the test -------------------------------------
-def watch_on(tmp_path, own_pids: set[int], strict: bool = False):
+def watch_on(tmp_path, own_pids: set[int], mode: str = ""):
     """A CrashWatch reading ``kmsg`` (a file the test appends kernel records to), whose worker
     started the processes ``own_pids``."""
     kmsg = tmp_path / "kmsg"
@@ -111,7 +111,7 @@ def watch_on(tmp_path, own_pids: set[int], strict: bool = False):
     own.seen |= own_pids
     config = SimpleNamespace(rootpath=tmp_path)
     watch = crashwatch.CrashWatch(config, crashwatch.KernelLog(str(kmsg)), own)
-    watch.strict = strict
+    watch.mode = mode  # LABKIT_CRASH_CHECK's value
     return watch, kmsg
 
 
@@ -138,6 +138,14 @@ def test_a_crash_of_the_tests_own_stub_fails_its_teardown_naming_the_crash(tmp_p
     assert teardown_of(watch, "tests/test_streaming.py::test_y").passed
 
 
+def test_under_report_mode_a_crash_fails_no_test_and_is_still_kept(tmp_path):
+    watch, kmsg = watch_on(tmp_path, {12627}, mode="report")
+    with open(kmsg, "a") as log:
+        log.write(f"6,2,2,-;{FREED}\n")
+    assert teardown_of(watch, "tests/test_streaming.py::test_x").passed
+    assert [(c.pid, c.own, c.outcome) for c in watch.crashes] == [(12627, True, "report")]
+
+
 def test_a_crash_of_another_workers_stub_or_a_known_one_passes(tmp_path):
     watch, kmsg = watch_on(tmp_path, {9139})
     with open(kmsg, "a") as log:
@@ -152,7 +160,7 @@ def test_a_crash_of_another_workers_stub_or_a_known_one_passes(tmp_path):
 
 
 def test_a_failed_test_keeps_its_own_failure_and_shows_the_crash_beside_it(tmp_path):
-    watch, kmsg = watch_on(tmp_path, {9139}, strict=True)
+    watch, kmsg = watch_on(tmp_path, {9139}, mode="strict")
     with open(kmsg, "a") as log:
         log.write(f"6,2,2,-;{GONE}\n")
     report = teardown_of(watch, "tests/test_doctor.py::t", outcome="failed")
