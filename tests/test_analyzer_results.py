@@ -157,3 +157,46 @@ def test_the_contenders_are_served_side_by_side_as_twins_of_the_model(tmp_path):
     twin = read_config(repo.path / "smollm2_config_3" / "config.pbtxt")
     assert (twin.name, twin.instance_group[0].count) == ("smollm2_config_3", 2)
     assert (repo.path / "smollm2_config_3" / "1" / "model.py").is_file()
+
+
+def _starved_once(calls: list, message: str):
+    """perf_analyzer's stand-in: its first call fails with ``message``, the next measure."""
+    import pandas as pd
+
+    from labkit.errors import ToolError
+
+    def fake(server, model, *, label, **options):
+        calls.append(label)
+        if len(calls) == 1:
+            raise ToolError(f"perf_analyzer failed for {label!r}: {message}")
+        return pd.DataFrame([{"concurrency": 4, "throughput": 5.0, "avg_batch_size": 2.0,
+                              "compute_infer_ms": 300.0, "p99_ms": 900.0}])  # fmt: skip
+
+    return fake
+
+
+def test_a_round_whose_stub_missed_its_health_window_is_measured_once_more(monkeypatch):
+    calls: list[str] = []
+    starved = "Thread [0] had error: Stub process 'smollm2_0' is not healthy."
+    monkeypatch.setattr(analyzer, "perf_analyzer", _starved_once(calls, starved))
+    monkeypatch.setattr(analyzer, "unhealthy", lambda server: {})  # every stub still runs
+    rounds = analyzer.measure_rounds(object(), {"d": "smollm2"}, rounds=2, concurrency=4)
+    assert calls == ["d round 1", "d round 1, again", "d round 2"]
+    assert list(rounds["round"]) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("message", "dead"),
+    [("Stub process 'smollm2_0' is not healthy.", {"smollm2": "0 of 1 Python stub processes alive"}),
+     ("unexpected inference output", {})],
+    ids=["a stub that died", "another failure"],
+)  # fmt: skip
+def test_a_dead_stub_or_another_failure_is_raised_not_measured_again(monkeypatch, message, dead):
+    from labkit.errors import ToolError
+
+    calls: list[str] = []
+    monkeypatch.setattr(analyzer, "perf_analyzer", _starved_once(calls, message))
+    monkeypatch.setattr(analyzer, "unhealthy", lambda server: dead)
+    with pytest.raises(ToolError, match=message.split("'")[0]):
+        analyzer.measure_rounds(object(), {"d": "smollm2"}, rounds=2, concurrency=4)
+    assert calls == ["d round 1"]
