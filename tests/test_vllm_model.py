@@ -111,6 +111,30 @@ def test_a_neuron_config_s_engine_arguments_and_environment_reach_the_engine(set
         settings_module.read_engine_options({"additional_config": "[1]"})
 
 
+def test_each_gpu_instance_of_a_fake_two_gpu_host_pins_its_engine_to_its_own_gpu(
+    settings_module,
+):
+    # what Triton passes initialize on a host with two GPUs and no instance_group (its default:
+    # one KIND_GPU instance per GPU); before, both engines started on GPU 0
+    options = settings_module.read_engine_options({})
+    pins = [
+        settings_module.instance_environment(
+            options, {"model_instance_kind": "GPU", "model_instance_device_id": str(gpu)}
+        )
+        for gpu in (0, 1)
+    ]
+    assert pins == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    cpu = {"model_instance_kind": "CPU", "model_instance_device_id": "0"}
+    assert settings_module.instance_environment(options, cpu) == {}
+    spanning = settings_module.read_engine_options({"tensor_parallel_size": "2"})
+    whole = {"model_instance_kind": "MODEL", "model_instance_device_id": "0"}
+    assert settings_module.instance_environment(spanning, whole) == {}  # it sees every GPU
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 spans several GPUs.*KIND_MODEL"):
+        settings_module.instance_environment(
+            spanning, {"model_instance_kind": "GPU", "model_instance_device_id": "1"}
+        )
+
+
 @pytest.mark.parametrize(
     ("params", "words"),
     [
@@ -934,6 +958,29 @@ def test_a_json_schema_gets_an_answer_that_parses_and_follows_it(server):
     body["sampling_parameters"] = json.dumps({"structured_outputs": structured})
     status, said = post_generate(server, "smollm2_vllm", body, "generate")
     assert status == 400 and "vLLM refused the request" in said and "cancelled" not in said, said
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_logprobs_and_the_cumulative_logprob_come_back_when_asked(server, expected):
+    body = {
+        "text_input": "I am going",
+        "sampling_parameters": json.dumps({"logprobs": 2, "max_tokens": 4}),
+        "exclude_input_in_output": True,
+        "return_logprobs": True,
+        "return_cumulative_logprob": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 200, text
+    answer = json.loads(text)
+    steps = json.loads(answer["logprobs"])
+    assert len(steps) == 4, steps  # one entry per generated token
+    chosen = []
+    for step in steps:  # the greedy token (rank 1) and up to 2 others, each with its logprob
+        assert all(float(v["logprob"]) <= 0 for v in step.values()), step
+        chosen.append(max(float(v["logprob"]) for v in step.values()))
+    assert answer["cumulative_logprob"] == pytest.approx(sum(chosen), abs=1e-3), answer
+    assert expected["I am going"].startswith("I am going" + answer["text_output"])
 
 
 # -- the watchdog (in .venv-vllm, no server) ------------------------------------------------------

@@ -55,6 +55,7 @@ with contextlib.suppress(locale.Error):
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.exceptions import VLLMClientError
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
@@ -366,8 +367,8 @@ class VllmEngine:
                     updates.put_nowait((None, None))
         except asyncio.CancelledError:
             raise
-        except (ValueError, TypeError) as exc:  # vLLM's checks as it takes the request in
-            # (a JSON schema that does not parse, ...): the client's mistake, a 400
+        except (VLLMClientError, ValueError, TypeError) as exc:  # vLLM's checks as it takes
+            # the request in (a JSON schema that does not parse, ...): the client's mistake, a 400
             refused = RequestRefused(f"vLLM refused the request: {exc}")
             updates.put_nowait((None, exc if answered else refused))
         except Exception as exc:  # noqa: BLE001 (handed to the request's task)

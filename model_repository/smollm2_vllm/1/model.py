@@ -37,7 +37,12 @@ from .protocol import (
     error_response,
     read_options,
 )
-from .vllm_settings import device_environment, engine_environment, read_engine_options
+from .vllm_settings import (
+    device_environment,
+    engine_environment,
+    instance_environment,
+    read_engine_options,
+)
 
 
 class TritonPythonModel:
@@ -57,8 +62,13 @@ class TritonPythonModel:
             engine_options = read_engine_options(params)
         except ValueError as exc:
             raise ConfigError(f"model {self.name!r}: {exc}") from None
+        try:
+            pinned = instance_environment(engine_options, args)
+        except ValueError as exc:
+            raise ConfigError(f"model {self.name!r}: {exc}") from None
         os.environ.update(engine_environment(engine_options))
         os.environ.update(device_environment(params))
+        os.environ.update(pinned)  # one engine per GPU instance, on its own GPU
         # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
         # which imports vLLM, comes in only now that the environment holds them.
         from .engine import SAMPLING_FIELDS, EngineMetrics, VllmEngine, sampling_params

@@ -130,6 +130,29 @@ def device_environment(params: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+def instance_environment(options: EngineOptions, args: Mapping[str, str]) -> dict[str, str]:
+    """The environment that pins one model instance's engine to its device.
+
+    ``args`` are what Triton passes to ``initialize``: ``model_instance_kind`` (``CPU``, ``GPU``
+    or ``MODEL``) and ``model_instance_device_id``. Triton's default on a GPU host is one
+    instance per GPU; each would start vLLM on GPU 0, asking for ``gpu_memory_utilization`` of
+    its memory. A GPU instance therefore sees only its own GPU (``CUDA_VISIBLE_DEVICES``). An
+    engine spanning several devices (``tensor_parallel_size`` > 1) cannot live on one: it needs
+    one instance of ``kind: KIND_MODEL``, which sees them all. Raises ``ValueError``.
+    """
+    kind = str(args.get("model_instance_kind", "")).upper()
+    if kind != "GPU":
+        return {}
+    if options.tensor_parallel_size > 1:
+        raise ValueError(
+            f"tensor_parallel_size={options.tensor_parallel_size} spans several GPUs, but Triton "
+            f"gave this instance GPU {args.get('model_instance_device_id')} alone (kind "
+            "KIND_GPU, Triton's default: one instance per GPU); set instance_group "
+            "[{ count: 1, kind: KIND_MODEL }] in config.pbtxt"
+        )
+    return {"CUDA_VISIBLE_DEVICES": str(args.get("model_instance_device_id", "0"))}
+
+
 def engine_arguments(options: EngineOptions, model: str) -> dict:
     """The keyword arguments of vLLM's ``AsyncEngineArgs`` for ``options`` and a weights folder."""
     arguments = {
