@@ -29,3 +29,13 @@ def test_no_idle_core_predicts_no_gain():
 def test_impossible_inputs_are_refused(bad):
     with pytest.raises(ConfigError, match="predict_instances"):
         predict_instances(**({"instances": 2, "threads": 1, "cores": 2} | bad))
+
+
+def test_on_a_server_of_one_core_the_budget_reads_as_one_core_and_a_batching_model_loses():
+    said = predict_instances(instances=2, threads=1, cores=1, batch=2.8)
+    assert said.expect == "no gain"
+    assert said.text.startswith(
+        "Each instance runs 1 torch thread, so one instance already keeps the server's one core "
+        "busy, and 2 share that core."
+    )
+    assert "1 of the 1 cores" not in said.text and said.text.endswith("expect a loss.")

@@ -50,10 +50,13 @@ def predict_instances(
             f"instances={instances}, threads={threads}, cores={cores}, batch={batch}"
         )
     busy_one, busy_many = min(threads, cores), min(instances * threads, cores)
-    budget = (
-        f"Each instance runs {threads} torch thread{'s' if threads > 1 else ''}, so one instance "
-        f"keeps {busy_one} of the {cores} cores busy and {instances} keep {busy_many}."
+    held = (
+        f"one instance already keeps the server's one core busy, and {instances} share that core"
+        if cores == 1
+        else f"one instance keeps {busy_one} of the {cores} cores busy and {instances} keep "
+        f"{busy_many}"
     )
+    budget = f"Each instance runs {threads} torch thread{'s' if threads > 1 else ''}, so {held}."
     if busy_many <= busy_one:
         why = "No core is left idle for another instance to use, so expect no gain" + (
             f"; and as one instance already runs {batch:.1f} requests per execution, a second "
