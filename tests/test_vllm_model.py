@@ -898,6 +898,14 @@ def test_n_answers_per_prompt_each_with_its_own_count(server):
     assert len(set(answer["text_output"])) > 1, answer  # sampled with one seed: not one answer 3x
     assert all(0 < count <= 8 for count in answer["num_output_tokens"]), answer
     assert all(reason in ("stop", "length") for reason in answer["finish_reason"]), answer
+    # streamed, each response carries one piece per answer; seeded, the pieces join to the same
+    status, text = post_generate(server, "smollm2_vllm", body, "generate_stream")
+    events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    assert status == 200 and all(len(e["text_output"]) == 3 for e in events), text
+    joined = ["".join(e["text_output"][i] for e in events) for i in range(3)]
+    assert joined == answer["text_output"], (joined, answer)
+    counts = [sum(e["num_output_tokens"][i] for e in events) for i in range(3)]
+    assert counts == answer["num_output_tokens"], (counts, answer)
 
 
 #: sampling_parameters a client gets wrong, and the words of each 400.
