@@ -219,9 +219,9 @@ class Eviction:
         again = "a miss: it had been evicted" if self.first_evicted else "still a hit"
         return (
             f"{self.requests} requests offered {self.sent_bytes / 1024:.0f} KiB of answers to a "
-            f"cache of {self.cache_bytes / 1024:.0f} KiB: {self.evictions} answers were evicted, "
-            f"{self.entries} are held, filling {self.util:.0%} of it. Sent again, the first "
-            f"request was {again}."
+            f"cache of {self.cache_bytes / 1024:.0f} KiB: it holds {self.entries} of them, "
+            f"filling {self.util:.0%} of it, and evicted the least recently used to make room. "
+            f"Sent again, the first request was {again}."
         )
 
 
