@@ -30,8 +30,8 @@ def _tool(name: str) -> str:
         if candidate and Path(candidate).is_file():
             return str(candidate)
     raise MissingDependencyError(
-        f"{name} is not installed; `pip install kubernetes-validate check-jsonschema` "
-        "(both are in the project's test dependencies)"
+        f"{name} is not installed; `pip install -e '.[deploy]'` in the checkout installs both "
+        "validators, kubernetes-validate and check-jsonschema (make install does)"
     )
 
 
