@@ -233,4 +233,5 @@ def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_pa
     assert figure_text(recorded["winner_vs_default"]) == str(gain)
     assert figure_text(3) == "3"
     assert [figure_text(v) for v in (0.08351, 14.354, 3.576e-06)] == ["0.0835", "14.4", "3.58e-06"]
+    assert [figure_text(v) for v in (1473.8, 39321.5)] == ["1474", "39322"]  # never 1.47e+03
     assert math.isnan(Ratio.between(1.0, 0.0, "infer/s").value)

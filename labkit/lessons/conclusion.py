@@ -43,6 +43,8 @@ def figure_text(value: object) -> str:
     digits, anything else as itself."""
     if isinstance(value, dict) and set(value) == {"ratio", "of"}:
         return str(Ratio(value["ratio"], value["of"]))
+    if isinstance(value, float) and abs(value) >= 1000:  # whole units: 1474, not 1.47e+03
+        return f"{value:.0f}"
     if isinstance(value, float):  # three significant digits: 0.0835, 14.4, 3.58e-06
         return f"{value:.3g}"
     return str(value)
