@@ -104,6 +104,7 @@ def test_replicas_that_beat_instances_are_never_explained_by_sessions():
     for options in (dict(load_average=1.2), dict(load_average=13.6, rounds=3, spread=0.1)):
         lesson = conclude(6.5, 9.4, 25.8, **options)
         assert "front end and scheduler" in lesson.text
+        assert "Their p99 latency was x1.07 the instances' (the balancer adds a hop" in lesson.text
         assert "session" not in lesson.text and "autogroup" not in lesson.text
         assert "from what surrounds the model, not from more cores." in lesson.takeaway[0]
         assert lesson.takeaway[1].startswith("Both can only put to work the core")

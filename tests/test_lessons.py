@@ -96,10 +96,20 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
         "Two instances lost (x0.63 infer/s): their executions took x2.06 as long as one "
         "instance's, so they shared the cores instead of each having one.",
         "Model Analyzer picked max batch size 8 -> 4 from one measurement of each "
-        "configuration (configurations that cannot differ here measured up to x1.07 apart), so "
-        "measure a search's winner again, in turns, before you deploy it.",
+        "configuration (configurations that cannot differ here measured up to x1.07 apart): a "
+        "search's pick holds for the cores and the load it was measured with, so measure it "
+        "again, in turns, where you will deploy it.",
     )
     assert sentence_count(conclusion.takeaway) == 3
+    # the rounds' server on one core, the search's on every core: the takeaway says both
+    pinned = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
+    assert pinned.takeaway[1].startswith("Two instances made x0.")
+    assert pinned.takeaway[1].endswith(
+        "against the default in the search, where the server could use every core, and lost "
+        "(x0.63 infer/s) measured again with the server on one core: an instance gains only "
+        "where a core is idle."
+    )
+    assert sentence_count(pinned.takeaway) == 3
     shown = said + conclusion.table.to_string() + " ".join(conclusion.table.columns)
     assert "_vs_" not in shown and "Ratio(" not in shown
     assert list(conclusion.table["configuration"]) == ["d", "w", "two"]  # the reference first

@@ -319,6 +319,15 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
     else:
         why = ""
     short = f"{_COUNT.get(k, k)} instances {verb} ({ratio}){why}."
+    if k > k_default and cores == 1:  # the rounds' server had one core, the search's them all
+        searched_lead = Ratio.between(
+            by.loc[name, "throughput"], by.loc[default, "throughput"], "infer/s"
+        )
+        short = (
+            f"{_COUNT.get(k, k)} instances made {searched_lead} against the default in the "
+            f"search, where the server could use every core, and {verb} ({ratio}) measured again "
+            "with the server on one core: an instance gains only where a core is idle."
+        )
     return said, short, label
 
 
@@ -356,8 +365,9 @@ def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
         else ""
     )
     return (
-        f"{named} from one measurement of each configuration{apart}, so measure a search's "
-        "winner again, in turns, before you deploy it."
+        f"{named} from one measurement of each configuration{apart}: a search's pick holds for "
+        "the cores and the load it was measured with, so measure it again, in turns, where you "
+        "will deploy it."
     )
 
 

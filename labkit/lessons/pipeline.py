@@ -147,7 +147,9 @@ def ask_summary(frame: pd.DataFrame) -> str:
     ways = list(dict.fromkeys(frame["way"]))
     texts = set(frame["text"])
     same = (
-        f"All {len(frame)} answers were the same greedy text: {next(iter(texts)).strip()!r}."
+        f"All {len(frame)} answers were the same greedy text: {next(iter(texts)).strip()!r}. "
+        "Whether it is right is another matter: SmolLM2-135M is a small model, and it can say "
+        "what the passages do not; the pipeline is judged here on giving one answer both ways."
         if len(texts) == 1
         else f"The answers differed ({len(texts)} texts): greedy decoding should give one."
     )
@@ -187,6 +189,8 @@ def pipeline_conclusion(
     cached twin."""
     low, high = min(concurrency), max(concurrency)
     cost = {c: compare_rounds(one_instance, "minilm_pipeline", "minilm", c) for c in (low, high)}
+    # slower within the noise is what the prediction said, not a verdict the run could make
+    said_cost = {c: _cost_words(*cost[c]) for c in cost}
     instances = compare_instances(one_instance, two_instances, high)
     hit_p50 = float(hits.loc[hits["kind"] == "hit", "p50_ms"].median())
     miss_p50 = float(hits.loc[hits["kind"] == "miss", "p50_ms"].median())
@@ -197,8 +201,8 @@ def pipeline_conclusion(
     table = pd.DataFrame(
         [
             _row("largest difference, ensemble against one model", difference, "float32 rounding at most"),
-            _row(f"ensemble against one model, {low} client", _said(*cost[low]), "a little slower: two more process hops"),
-            _row(f"ensemble against one model, {high} clients", _said(*cost[high]), "a little slower: two more process hops"),
+            _row(f"ensemble against one model, {low} client", f"{cost[low][0]} ({said_cost[low]})", "a little slower: two more process hops"),
+            _row(f"ensemble against one model, {high} clients", f"{cost[high][0]} ({said_cost[high]})", "a little slower: two more process hops"),
             _row(f"2 encoder instances against 1, {high} clients", _said(*instances), "no idle core on 2 cores: little or no gain"),
             _row("repeated text p50, cached (ms)", f"{hit_p50:.2f} against {miss_p50:.1f} for a new text", "a small fraction of a new text's"),
             *([_row("repeated text p50 through the ensemble, cached (ms)", _hit_miss(pipeline_hits), "a small fraction of a new text's")] if pipeline_hits is not None else []),
@@ -220,7 +224,7 @@ def pipeline_conclusion(
         [
             f"Same answers: {agreement}.",
             f"The ensemble's cost: at {low} client it served {cost[low][0]} of the single "
-            f"model's ({cost[low][1]}), at {high} clients {cost[high][0]} ({cost[high][1]}). "
+            f"model's ({said_cost[low]}), at {high} clients {cost[high][0]} ({said_cost[high]}). "
             f"At {low} client the median request took {ensemble_p50:.1f} ms through the ensemble "
             f"and {single_p50:.1f} ms through the single model: {_why_cost(cost[low][1])}",
             f"A second encoder instance changed the ensemble's share of the single model's "
@@ -245,7 +249,7 @@ def pipeline_conclusion(
         "the least recently used answers.",
         "The ensemble of a tokenizer step and an encoder step gave the single model's "
         f"embeddings, and with {high} clients served {cost[high][0]} against it "
-        f"({cost[high][1]}).",
+        f"({said_cost[high]}).",
         f"A second encoder instance was {instances[1]} on 2 cores; splitting pays where steps "
         "need different hardware, a GPU encoder beside a CPU tokenizer.",
     )
@@ -291,6 +295,14 @@ def _ask_brief(asked: pd.DataFrame) -> str:
         f"{'the same' if _agree(asked) == 'the same' else 'different'} greedy answers, the first "
         f"piece after {inside:.2f} s and {outside:.2f} s."
     )
+
+
+def _cost_words(ratio: Ratio, verdict: str) -> str:
+    """The ensemble's cost in words: a slowdown smaller than the noise is said to agree with the
+    prediction (two more process hops can only slow a request), not called a verdict."""
+    if verdict == "within the noise" and ratio.value < 1:
+        return "slower, as predicted, by less than this host's noise between identical servers"
+    return verdict
 
 
 def _why_cost(verdict: str) -> str:

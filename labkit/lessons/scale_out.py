@@ -244,8 +244,12 @@ def _instances_line(
 
 
 def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float) -> str:
-    said = (
-        f"{count} replicas gave {versus} against {count} instances in one server (and {versus_p99})"
+    said = f"{count} replicas gave {versus} against {count} instances in one server"
+    # the verdict is the throughput's; the tail latency is a figure beside it, not judged
+    latency = (
+        f" Their p99 latency was x{versus_p99.value:.2f} the instances' (the balancer adds a hop "
+        "to every request); the verdict is the throughput's alone, as one sweep's p99 rests on "
+        "its few slowest requests."
     )
     gain = (
         f"{said}: more, beyond the noise, on the same cores. Not from more cores, which "
@@ -258,7 +262,7 @@ def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float) 
         "replica is an instance with a server of its own around it.",
         "loss": f"{said}: less, beyond the noise: the same cores did the same work, plus a "
         "second server's threads and the balancer's hop.",
-    }[verdict(versus, spread)]
+    }[verdict(versus, spread)] + latency
 
 
 def _speed_sentence(
