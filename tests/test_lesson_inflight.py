@@ -154,7 +154,7 @@ def test_the_takeaway_and_figures_read_as_words_within_the_lessons_limits():
         assert not [k for k in conclusion.figures if "_vs_" in k]
     table = lessons.inflight_conclusion(full(), BENCH).table
     assert list(table["way"]) == ["the lab's in-flight model", "vLLM in Triton",
-                                  "vLLM's own server", "vLLM in Triton, bfloat16"]  # fmt: skip
+                                  "vLLM's own server", "vLLM in Triton (bfloat16)"]  # fmt: skip
     assert "between tokens, median (ms)" in table.columns
 
 

@@ -22,7 +22,7 @@ WAY_NAMES = {
     "inflight": "the lab's in-flight model",
     "vllm": "vLLM in Triton",
     "vllm-standalone": "vLLM's own server",
-    "vllm_bf16": "vLLM in Triton, bfloat16",
+    "vllm_bf16": "vLLM in Triton (bfloat16)",
     "vllm_bf16-standalone": "vLLM's own server, bfloat16",
 }
 
