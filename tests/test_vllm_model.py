@@ -828,10 +828,15 @@ def grpc_stream(server: TritonServer, inputs: list, timeout_s: float = 300) -> l
         grpc.close()
 
 
-def prompt_tokens(prompt: str) -> int:
+def prompt_tokens(server: TritonServer, prompt: str) -> int:
+    """The prompt's tokens, by the tokenizer of the checkpoint the server's model loads (the
+    run's repository links it; the source folder has no weights in a fresh clone)."""
     from transformers import AutoTokenizer
 
-    return len(AutoTokenizer.from_pretrained(MODEL / "weights")(prompt)["input_ids"])
+    from labkit.profiling import model_weights
+
+    weights = model_weights(server.model_repository, "smollm2_vllm")
+    return len(AutoTokenizer.from_pretrained(weights)(prompt)["input_ids"])
 
 
 @pytest.mark.integration
@@ -847,7 +852,7 @@ def test_the_openai_frontends_request_gets_the_greedy_answer_and_its_token_count
     assert len(results) == (17 if stream else 1)
     # the frontend takes the prompt's count from any response and adds up the answer's
     assert {int(r.as_numpy("num_input_tokens")[0]) for r in results} == {
-        prompt_tokens("I am going")
+        prompt_tokens(server, "I am going")
     }
     assert sum(int(r.as_numpy("num_output_tokens")[0]) for r in results) == 16
     assert all(r.as_numpy("finish_reason") is None for r in results)  # not asked for
