@@ -456,3 +456,41 @@ def test_a_server_keeps_the_ports_asked_for_and_picks_the_rest_apart_from_them(t
     twice = TritonServer(tmp_path, http_port=asked, grpc_port=0, metrics_port=asked)
     with pytest.raises(ServerError, match="ports must differ"):
         twice._choose_ports()
+
+
+def _aborting(monkeypatch, failures: list[Exception]) -> list[int]:
+    """TritonServer._start_once raising ``failures`` in turn, then starting; returns the calls."""
+    calls: list[int] = []
+
+    def once(self):
+        calls.append(1)
+        if len(calls) <= len(failures):
+            raise failures[len(calls) - 1]
+        return self
+
+    monkeypatch.setattr(TritonServer, "_start_once", once)
+    return calls
+
+
+ABORT = ServerError(
+    "tritonserver exited with status -6 before it was ready.\nterminate called after throwing an "
+    "instance of 'boost::interprocess::lock_exception'"
+)
+
+
+def test_a_server_that_aborts_starting_a_stub_is_started_once_more(tmp_path, monkeypatch):
+    calls = _aborting(monkeypatch, [ABORT])
+    server = TritonServer(tmp_path)
+    assert server.start() is server and len(calls) == 2
+
+
+@pytest.mark.parametrize(
+    "failures",
+    [[ABORT, ABORT], [ServerError("tritonserver exited with status 1 before it was ready.")]],
+    ids=["a second abort", "another failure"],
+)
+def test_a_second_abort_or_another_failure_is_raised(tmp_path, monkeypatch, failures):
+    calls = _aborting(monkeypatch, failures)
+    with pytest.raises(ServerError, match="before it was ready"):
+        TritonServer(tmp_path).start()
+    assert len(calls) == len(failures)

@@ -60,6 +60,8 @@ CONTAINER_CACHES = "/opt/tritonserver/caches"  # the NGC image's response-cache 
 MODES = ("local", "docker", "remote")
 #: Starts tried with newly picked free ports when another process took one before Triton bound it.
 PORT_ATTEMPTS = 3
+#: What Triton 2.51 prints when it aborts starting a Python stub under load (see ``start``).
+STARTUP_ABORT = "boost::interprocess::lock_exception"
 _LIVE: weakref.WeakSet[TritonServer] = weakref.WeakSet()
 
 
@@ -239,6 +241,7 @@ class TritonServer(Child, Addresses):
         if self.running:
             return self
         picked = all(port == 0 for port in self._requested_ports.values())
+        aborted = False
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start_once()
@@ -248,6 +251,17 @@ class TritonServer(Child, Addresses):
                 if not picked or attempt == PORT_ATTEMPTS:
                     raise
                 log.warning("a port picked for tritonserver was taken before it bound; retrying")
+            except ServerError as exc:
+                # Triton 2.51 can abort while its Python backend starts a stub on a loaded host
+                # ('terminate called after throwing ... boost::interprocess::lock_exception',
+                # status -6): seen in fresh clones' make test, never twice in a row. Start once
+                # more; any other failure, or a second abort, is the user's to see.
+                if aborted or STARTUP_ABORT not in str(exc):
+                    raise
+                aborted = True
+                log.warning(
+                    "tritonserver aborted while starting (%s); starting it again", STARTUP_ABORT
+                )
         raise AssertionError("unreachable")  # the loop returns or raises
 
     def _start_once(self) -> TritonServer:
