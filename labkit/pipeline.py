@@ -40,7 +40,7 @@ import pandas as pd
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from labkit import embedding, profiling, streaming
+from labkit import embedding, proc, profiling, streaming
 from labkit.errors import ConfigError, InferenceError
 from labkit.repository import (
     ModelConfig,
@@ -267,12 +267,9 @@ def settled_totals(server: TritonServer, *, lookups: float, timeout_s: float = 1
     The whole cache's gauges (entries, util, evictions...) are refreshed on Triton's metrics
     interval (2 s by default), not at each request as the per-model counters are: read at once
     after a burst of requests, they can still show the cache as it was before it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        totals = profiling.cache_totals(server)
-        if totals.get("lookups", 0) >= lookups or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    proc.wait_until(
+        lambda: profiling.cache_totals(server).get("lookups", 0) >= lookups, timeout_s, 0.2
+    )
     # One more refresh after the one that counted the lookups: a fresh clone's make test read
     # 0 evictions and 13 entries (more than the cache holds) right after the count was reached.
     time.sleep(METRICS_INTERVAL_S)

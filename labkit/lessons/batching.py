@@ -20,11 +20,10 @@ measurements in words a learner reads, with units.
 from __future__ import annotations
 
 import math
-import time
 
 import pandas as pd
 
-from labkit import profiling
+from labkit import proc, profiling
 from labkit.errors import ConfigError, InferenceError
 from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
 from labkit.load import Load
@@ -176,12 +175,14 @@ def measure_arrivals(
 def _served_since(server, model: str, before: pd.DataFrame, answered: int) -> pd.Series:
     """Triton's counters for ``model`` since ``before``, once they count every answered request
     (Triton counts a request just after it sends the answer)."""
-    deadline = time.monotonic() + COUNTERS_TIMEOUT_S
-    while True:
-        served = profiling.metrics(server, since=before).set_index("model").loc[model]
-        if served["inference_count"] >= answered or time.monotonic() > deadline:
-            return served
-        time.sleep(0.1)
+    seen: list[pd.Series] = []
+
+    def counted() -> bool:
+        seen.append(profiling.metrics(server, since=before).set_index("model").loc[model])
+        return seen[-1]["inference_count"] >= answered
+
+    proc.wait_until(counted, COUNTERS_TIMEOUT_S)
+    return seen[-1]
 
 
 def delay_rounds(
