@@ -118,7 +118,7 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     conclusion = batching.batching_conclusion(OFF, ON, arrivals(), every_s=1.3, delay_us=3_250_000)
     text, figures = conclusion.text, conclusion.figures
     assert (
-        "(one every 1.3 s), the 3.2 s queue delay made batches of 3.0 requests instead of 1.0"
+        "(one every 1.3 s), the 3.25 s queue delay made batches of 3.0 requests instead of 1.0"
         in (text)
     )
     assert "cut the model's time per request from 450 to 245 ms" in text

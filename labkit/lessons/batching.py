@@ -452,7 +452,7 @@ def _delay(
     bigger = verdict(batches[DELAY], batches[NO_DELAY])
     cheaper = -verdict(per_request[DELAY], per_request[NO_DELAY], floor=GAIN)
     wait = mean[DELAY]["queue_ms"] - mean[NO_DELAY]["queue_ms"]
-    delay = f"{delay_us / 1e6:.1f} s " if delay_us else ""
+    delay = f"{delay_us / 1e6:.2f} s " if delay_us else ""  # as the notebook prints it
     pace = f"one every {every_s:.1f} s" if every_s else "paced"
     figures: dict = {
         "requests_per_execution_with_queue_delay": round(float(mean[DELAY]["batch"]), 2),
