@@ -241,7 +241,7 @@ def test_measure_arrivals_paces_the_load_and_waits_for_triton_to_count_it(monkey
 
     monkeypatch.setattr(batching, "Load", FakeLoad)
     monkeypatch.setattr(batching.profiling, "metrics", metrics)
-    monkeypatch.setattr(batching.time, "sleep", lambda s: None)
+    monkeypatch.setattr(batching.proc.time, "sleep", lambda s: None)  # proc.wait_until polls
     FakeLoad.made.clear()
     row = batching.measure_arrivals(FakeServer(), "m", every_s=0.5, requests=6, prompt="Hi")
     assert FakeLoad.made[0]["rate_per_s"] == 2.0 and FakeLoad.made[0]["max_requests"] == 6
