@@ -318,6 +318,7 @@ def queue_delay(data: pd.DataFrame, title: str | None = None):
         )
     )
     fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="how requests arrived, and the queue delay")
     fig.update_yaxes(title_text="average time per request (ms)")
     round_ticks(fig, {"yaxis": float(tops.max()) * 1.1})  # and room for the labels
     return _finish(fig, title or "Where a request's time went, and the batch it ran in")

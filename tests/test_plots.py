@@ -141,3 +141,24 @@ def test_a_level_batching_off_did_not_measure_breaks_its_line_instead_of_bridgin
     line = next(t for t in fig.data if t.name == "batching off: p99 latency")
     assert list(line.x) == ["1", "4", "8"]
     assert line.y[0] == 900 and math.isnan(line.y[1]) and line.y[2] == 7000
+
+
+def test_every_chart_names_both_its_axes():
+    rows = pd.DataFrame(
+        {"setting": ["paced, no delay", "paced, queue delay"], "queue_ms": [0.0, 1900.0],
+         "compute_ms": [450.0, 800.0], "batch": [1.0, 3.0]}
+    )  # fmt: skip
+    charts = {
+        "throughput_vs_latency": plots.throughput_vs_latency([OFF, ON]),
+        "latency_breakdown": plots.latency_breakdown([OFF, ON]),
+        "batching_comparison": plots.batching_comparison(OFF, ON),
+        "batch_sizes": plots.batch_sizes([OFF, ON]),
+        "queue_delay": plots.queue_delay(rows),
+    }
+    untitled = [
+        f"{name}: {axis}"
+        for name, fig in charts.items()
+        for axis in ("xaxis", "yaxis")
+        if not fig.layout[axis].title.text
+    ]
+    assert untitled == []
