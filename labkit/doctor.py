@@ -717,15 +717,14 @@ SYSTEM_TOOLS = {
     "haproxy": SystemTool(
         "haproxy",
         ("-v",),
-        "the balancer in front of notebook 07's replicas (labkit.cluster)",
+        "the balancer in front of notebook 07's replicas",
         "sudo apt-get install -y haproxy (make install does it as root)",
         ("/usr/sbin/haproxy",),
     ),
     "setpriv": SystemTool(
         "setpriv",
         ("--version",),
-        "stopping what a Model Analyzer search started when the search dies "
-        "(labkit.profiling.analyzer)",
+        "stopping what notebook 04's Model Analyzer search started, should the search die",
         "sudo apt-get install -y util-linux",
     ),
 }

@@ -428,7 +428,7 @@ def test_a_system_tool_is_found_with_its_version_or_named_with_its_fix_with_fake
         "haproxy",
         "ok",
         f"{tmp_path / 'haproxy'} (HAProxy version 2.6.12-1+deb12u4), for the balancer in front "
-        "of notebook 07's replicas (labkit.cluster)",
+        "of notebook 07's replicas",
     )
     _fake_tool(tmp_path, "setpriv", 'echo "setpriv: cannot run here" >&2; exit 3')
     broken = doctor.check_tool(doctor.SYSTEM_TOOLS["setpriv"])
