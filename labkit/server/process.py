@@ -7,6 +7,8 @@ Three modes share one interface:
   ``nvidia-pytriton`` wheel, which needs its Python-backend stub and libraries arranged first);
 - ``docker``: the tutorial's ``docker run`` of the lab's image (``labkit image build``, checked
   before each start by :func:`~labkit.server.image.require_image`), tokens passed by name only;
+  with ``openai_port`` the container runs Triton's OpenAI frontend instead of ``tritonserver``
+  (:mod:`labkit.server.frontend`);
 - ``remote``: attach to a server that runs elsewhere; start and stop never touch it.
 """
 
@@ -40,9 +42,11 @@ from labkit.proc import (
     wait_until,
 )
 from labkit.repository.config import check_name
-from labkit.server.image import require_image
+from labkit.server.frontend import OpenAIFrontend, check_port, plan_frontend
+from labkit.server.image import ngc_image, require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
 from labkit.settings import (
+    DEFAULT_IMAGE,
     TOKEN_VARIABLES,
     cache_dir,
     hf_home,
@@ -78,6 +82,14 @@ class TritonServer(Child, Addresses):
     bytes shared by every model whose config says ``response_cache { enable: true }``). The
     bundled server's cache library is found beside it (``--cache-directory``); in docker mode it
     is the NGC image's own ``/opt/tritonserver/caches``.
+
+    ``openai_port`` (docker mode only; 0 picks a free port) runs Triton's OpenAI-compatible
+    frontend in the container instead of ``tritonserver``: the OpenAI API at :attr:`openai_url`,
+    Triton's KServe HTTP and gRPC beside it, its metrics at :attr:`metrics_url` on the same port
+    (no metrics port). ``load_models`` must be models that take the frontend's tensors
+    (:func:`~labkit.server.frontend.plan_frontend`); the image defaults to NGC's vLLM image
+    unless ``image=`` or ``LABKIT_TRITON_IMAGE`` names another, and ``extra_args`` go to the
+    frontend's ``main.py``.
     """
 
     def __init__(
@@ -100,6 +112,7 @@ class TritonServer(Child, Addresses):
         env: dict[str, str] | None = None,
         cores: tuple[int, ...] | None = None,
         cache_size: int | None = None,
+        openai_port: int | None = None,
     ) -> None:
         self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
@@ -129,6 +142,9 @@ class TritonServer(Child, Addresses):
         self._pump: threading.Thread | None = None
         self.log_path = Path(log_path) if log_path else None
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
+        self.frontend: OpenAIFrontend | None = None
+        if openai_port is not None:
+            self._plan_frontend(check_port(openai_port))
         self.ports = dict(self._requested_ports)
         if self.mode == "remote":
             if not url:
@@ -142,10 +158,36 @@ class TritonServer(Child, Addresses):
                 "pass model_repository= a folder of models (see model_repository/ in the lab)"
             )
 
+    def _plan_frontend(self, openai_port: int) -> None:
+        """Check that the OpenAI frontend can serve what was asked; its ports replace metrics'."""
+        if self.cache_size is not None:
+            raise ServerError(
+                "the OpenAI frontend's main.py has no response-cache option; drop cache_size "
+                "(--cache-size) or serve without the frontend"
+            )
+        self.frontend = plan_frontend(self.model_repository, self.load_models, mode=self.mode)
+        self.load_models = list(self.frontend.models)
+        if self.image == DEFAULT_IMAGE:  # nothing named another: the NGC image that has vLLM
+            self.image = ngc_image(flavour="vllm")
+        self._requested_ports = {
+            "http": self._requested_ports["http"],
+            "grpc": self._requested_ports["grpc"],
+            "openai": openai_port,
+        }
+
     # -- addresses (http_url and grpc_url come from Addresses) -----------------------------
     @property
     def metrics_url(self) -> str:
+        if self.frontend is not None:  # the frontend serves Triton's metrics on its own port
+            return f"http://{self.client_host}:{self.ports['openai']}/metrics"
         return f"http://{self.client_host}:{self.ports['metrics']}/metrics"
+
+    @property
+    def openai_url(self) -> str | None:
+        """The OpenAI API's base URL (``http://host:port/v1``); None without the frontend."""
+        if self.frontend is None:
+            return None
+        return f"http://{self.client_host}:{self.ports['openai']}/v1"
 
     def __repr__(self) -> str:
         return f"TritonServer(mode={self.mode!r}, http={self.http_url!r}, running={self.running})"
@@ -222,9 +264,23 @@ class TritonServer(Child, Addresses):
         cmd += ["-v", f"{host_cache.resolve()}:{hf_cache}"]
         labkit_cache = cache_dir()
         cmd += ["-v", f"{labkit_cache}:{labkit_cache}:ro"]  # local weights are linked from here
+        if self.frontend is not None:
+            cmd += [self.image, *self.frontend_args()]
+            return cmd
         cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
         cmd += self.cache_args(CONTAINER_CACHES)
         return cmd
+
+    def frontend_args(self) -> list[str]:
+        """The OpenAI frontend's command in the container (``python3 main.py ...``)."""
+        args = self.frontend.command(
+            CONTAINER_REPOSITORY,
+            host=self.host,
+            openai_port=self.ports["openai"],
+            kserve_http_port=self.ports["http"],
+            kserve_grpc_port=self.ports["grpc"],
+        )
+        return args + self.extra_args
 
     @property
     def binary(self) -> ServerBinary:
@@ -314,7 +370,7 @@ class TritonServer(Child, Addresses):
         from each other and from those asked for (:func:`labkit.proc.free_ports`)."""
         chosen = {kind: port for kind, port in self._requested_ports.items() if port != 0}
         if len(set(chosen.values())) != len(chosen):
-            raise ServerError(f"the HTTP, gRPC and metrics ports must differ, got {chosen}")
+            raise ServerError(f"the {', '.join(chosen)} ports must differ, got {chosen}")
         for kind, port in chosen.items():
             check_port_free(
                 port,
@@ -370,6 +426,9 @@ class TritonServer(Child, Addresses):
             return None  # only the HTTP address of a remote server is known
         if not _grpc_ready(self.grpc_url):
             return f"gRPC at {self.grpc_url}"
+        if self.frontend is not None:  # it opens KServe first, then its own port
+            ready = f"http://{self.client_host}:{self.ports['openai']}/health/ready"
+            return None if http_ok(ready) else f"the OpenAI frontend at {ready}"
         if "--allow-metrics=false" not in self.extra_args and not http_ok(self.metrics_url):
             return f"metrics at {self.metrics_url}"
         return None
