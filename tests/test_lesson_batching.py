@@ -123,7 +123,7 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     )
     assert "cut the model's time per request from 450 to 245 ms" in text
     assert "the price was 1.9 s more waiting in the queue per request" in text
-    assert "each of its requests waited 3.2 s in the queue, the whole delay" in text
+    assert "each of its requests waited 3.25 s in the queue, the whole delay" in text
     assert figures["requests_per_execution_with_queue_delay"] == 3.0
     assert figures["queue_wait_with_delay_ms"] == 1950
     assert figures["lone_client_queue_wait_ms"] == 3250
@@ -133,7 +133,8 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
         "instead of 1.0, at 1.9 s more waiting per request."
     )
     assert conclusion.takeaway[2] == (
-        "At low load it is pure cost: one client waited 3.2 s in the queue on every request."
+        "At low load it is pure cost: every request of one client waited 3.25 s in the queue, "
+        "the whole delay."
     )
 
 

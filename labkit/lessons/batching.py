@@ -514,12 +514,12 @@ def _delay(
         rows.append(_arrival_row(LONE, lone))
         words += (
             f" A lone client gains nothing from it: each of its requests waited "
-            f"{lone['queue_ms'] / 1000:.1f} s in the queue, the whole delay, for company that "
+            f"{lone['queue_ms'] / 1000:.2f} s in the queue, the whole delay, for company that "
             f"never came, and ran in batches of {lone['batch']:.1f}."
         )
         line.append(
-            f"At low load it is pure cost: one client waited {lone['queue_ms'] / 1000:.1f} s "
-            "in the queue on every request."
+            "At low load it is pure cost: every request of one client waited "
+            f"{lone['queue_ms'] / 1000:.2f} s in the queue, the whole delay."
         )
     return words, line, figures, rows
 
