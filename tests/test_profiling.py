@@ -128,6 +128,34 @@ def test_a_missing_cuda_runtime_names_the_wheel_to_install_with_a_fake_absent_wh
         profiling.locate_perf_analyzer.cache_clear()
 
 
+def test_cores_pin_every_perf_analyzer_run_of_a_sweep(monkeypatch, tmp_path):
+    import subprocess
+
+    pinned = []
+
+    def run(args, **options):
+        pinned.append(options.get("cores"))
+        return subprocess.CompletedProcess(args, 3, "", "error: no such model")
+
+    monkeypatch.setattr(perf.proc, "run", run)
+    monkeypatch.setattr(perf, "locate_perf_analyzer", lambda path=None: perf.Tool(tmp_path, "a"))
+    with pytest.raises(ToolError, match="no such model"):
+        profiling.perf_analyzer(
+            "127.0.0.1:1", "m", concurrency=1, run_dir=tmp_path, progress=False, cores=(1,)
+        )
+    assert pinned == [(1,)]
+
+
+def test_notebook_04s_rounds_give_the_server_and_perf_analyzer_cores_of_their_own(monkeypatch):
+    from labkit import hardware
+    from labkit.profiling import analyzer
+
+    monkeypatch.setattr(hardware, "usable_cores", lambda: (0, 1, 2, 3))
+    assert (analyzer.server_cores(), analyzer.client_cores()) == ((0, 1, 2), (3,))
+    monkeypatch.setattr(hardware, "usable_cores", lambda: (5,))
+    assert (analyzer.server_cores(), analyzer.client_cores()) == ((5,), (5,))
+
+
 @pytest.mark.integration
 def test_a_sweep_gives_one_sane_row_per_concurrency_sorted(server, tmp_path):
     frame = profiling.perf_analyzer(

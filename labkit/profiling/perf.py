@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,6 +208,7 @@ def perf_analyzer(
     progress: bool = True,
     extra_args: Sequence[str] = (),
     perf_analyzer_path: str | os.PathLike | None = None,
+    cores: Collection[int] | None = None,
 ) -> pd.DataFrame:
     """Measure ``model`` at each concurrency level and return one row per level.
 
@@ -222,7 +223,8 @@ def perf_analyzer(
     in exactly three windows, without the rule: a fixed amount of work, whatever the machine is
     doing (on a shared host the rule decides how long a sweep takes more than what it
     measures; repeats show the noise instead). Such levels have ``stable=True``: there was
-    nothing to settle.
+    nothing to settle. ``cores`` pins perf_analyzer to those CPU cores (a server pinned to the
+    others then never shares a core with its client).
 
     Raises :class:`ToolError` with perf_analyzer's own message (model not loaded, wrong input),
     and :class:`ToolTimeoutError` when a level cannot be measured within ``timeout_s`` even
@@ -272,7 +274,9 @@ def perf_analyzer(
     bar = tqdm(levels, desc=f"perf_analyzer {name}", unit="level", disable=not progress)
     for level in bar:
         bar.set_postfix(concurrency=level)
-        rows.append(_measure(tool, base, level, stability_percentage, run_dir, name, timeout_s))
+        rows.append(
+            _measure(tool, base, level, stability_percentage, run_dir, name, timeout_s, cores)
+        )
     frame = pd.DataFrame(rows).sort_values("concurrency", ignore_index=True)
     frame.insert(0, "config", name)
     frame.attrs.update(run_dir=str(run_dir), model=model, url=url, protocol=protocol)
@@ -289,6 +293,7 @@ def _measure(
     run_dir: Path,
     name: str,
     timeout_s: float,
+    cores: Collection[int] | None = None,
 ) -> dict:
     stem = run_dir / f"{_slug(name)}-c{level}"
     csv_path = stem.with_suffix(".raw.csv")
@@ -299,7 +304,7 @@ def _measure(
     no_rule = [*args, *(f"--{flag}={value}" for flag, value in FIXED_WINDOWS_FLAGS.items())]
     if stability is None:  # three windows, as asked: nothing to settle, the whole bound for them
         try:
-            result = _run(tool, no_rule, timeout_s, stem)
+            result = _run(tool, no_rule, timeout_s, stem, cores)
         except ToolTimeoutError as exc:
             stem.with_suffix(".log").write_text(f"{exc}\n")
             raise ToolTimeoutError(
@@ -312,7 +317,7 @@ def _measure(
     else:
         try:
             rule = f"--stability-percentage={stability:g}"
-            result = _run(tool, [*args, rule], first_bound, stem)
+            result = _run(tool, [*args, rule], first_bound, stem, cores)
             unsettled = result.returncode != 0 and _UNSTABLE in result.stdout + result.stderr
             why = f"within {stability:g}%"
         except ToolTimeoutError as exc:  # still trying to settle: a loaded machine, slow windows
@@ -333,7 +338,7 @@ def _measure(
         stable = False
         stem.with_suffix(".log").replace(stem.with_suffix(".unsettled.log"))
         try:
-            result = _run(tool, no_rule, left, stem)
+            result = _run(tool, no_rule, left, stem, cores)
             retry_log = stem.with_suffix(".log")
             retry_log.write_text(
                 f"# the run with the stability rule did not settle {why} ({stem.name}"
@@ -366,9 +371,11 @@ def _measure(
     return row
 
 
-def _run(tool: Tool, args: list[str], timeout_s: float, stem: Path):
+def _run(
+    tool: Tool, args: list[str], timeout_s: float, stem: Path, cores: Collection[int] | None = None
+):
     started = time.monotonic()
-    result = proc.run(args, timeout_s=timeout_s, env=tool.environ(), check=False)
+    result = proc.run(args, timeout_s=timeout_s, env=tool.environ(), check=False, cores=cores)
     stem.with_suffix(".log").write_text(
         f"$ {shlex.join(str(a) for a in args)}\n# status {result.returncode} after "
         f"{time.monotonic() - started:.1f} s\n{result.stdout}\n{result.stderr}"
