@@ -282,6 +282,7 @@ def _pin(cores: frozenset[int]) -> None:
 
 
 def _in_child(cores: frozenset[int] | None) -> None:
+    os.setpgid(0, 0)  # a process group of its own (Popen's process_group=0 needs Python 3.11)
     set_parent_death_signal()
     if cores is not None:
         _pin(cores)
@@ -349,7 +350,6 @@ def _launch_forever(requests: queue.SimpleQueue) -> None:
         try:
             child = subprocess.Popen(
                 args,
-                process_group=0,
                 preexec_fn=functools.partial(_in_child, cores),
                 **{"stdin": subprocess.DEVNULL, **popen_kwargs},
             )
