@@ -494,3 +494,15 @@ def test_a_second_abort_or_another_failure_is_raised(tmp_path, monkeypatch, fail
     with pytest.raises(ServerError, match="before it was ready"):
         TritonServer(tmp_path).start()
     assert len(calls) == len(failures)
+
+
+def test_an_abort_on_the_last_attempt_after_port_races_is_raised_as_the_servers_error(
+    tmp_path, monkeypatch
+):
+    # two picked ports taken before Triton bound them, then the abort: no attempt is left, and
+    # the user sees the abort (with its log), not an internal error
+    calls = _aborting(monkeypatch, [PortInUseError("taken"), PortInUseError("taken"), ABORT])
+    picked = TritonServer(tmp_path, http_port=0, grpc_port=0, metrics_port=0)
+    with pytest.raises(ServerError, match="lock_exception"):
+        picked.start()
+    assert len(calls) == 3

@@ -312,7 +312,7 @@ class TritonServer(Child, Addresses):
                 # ('terminate called after throwing ... boost::interprocess::lock_exception',
                 # status -6): seen in fresh clones' make test, never twice in a row. Start once
                 # more; any other failure, or a second abort, is the user's to see.
-                if aborted or STARTUP_ABORT not in str(exc):
+                if aborted or STARTUP_ABORT not in str(exc) or attempt == PORT_ATTEMPTS:
                     raise
                 aborted = True
                 log.warning(
