@@ -124,6 +124,21 @@ def test_each_gpu_instance_of_a_fake_two_gpu_host_pins_its_engine_to_its_own_gpu
         for gpu in (0, 1)
     ]
     assert pins == [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]
+    # a server started with CUDA_VISIBLE_DEVICES=2,3 numbers its GPUs 0 and 1: instance 0
+    # belongs on physical GPU 2
+    pins = [
+        settings_module.instance_environment(
+            options, {"model_instance_kind": "GPU", "model_instance_device_id": str(gpu)}, "2,3"
+        )
+        for gpu in (0, 1)
+    ]
+    assert pins == [{"CUDA_VISIBLE_DEVICES": "2"}, {"CUDA_VISIBLE_DEVICES": "3"}]
+    with pytest.raises(
+        ValueError, match="GPU 2, but the server sees only CUDA_VISIBLE_DEVICES=2,3"
+    ):
+        settings_module.instance_environment(
+            options, {"model_instance_kind": "GPU", "model_instance_device_id": "2"}, "2,3"
+        )
     cpu = {"model_instance_kind": "CPU", "model_instance_device_id": "0"}
     assert settings_module.instance_environment(options, cpu) == {}
     spanning = settings_module.read_engine_options({"tensor_parallel_size": "2"})

@@ -63,7 +63,9 @@ class TritonPythonModel:
         except ValueError as exc:
             raise ConfigError(f"model {self.name!r}: {exc}") from None
         try:
-            pinned = instance_environment(engine_options, args)
+            pinned = instance_environment(
+                engine_options, args, os.environ.get("CUDA_VISIBLE_DEVICES")
+            )
         except ValueError as exc:
             raise ConfigError(f"model {self.name!r}: {exc}") from None
         os.environ.update(engine_environment(engine_options))

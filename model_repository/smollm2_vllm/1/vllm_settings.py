@@ -130,13 +130,17 @@ def device_environment(params: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-def instance_environment(options: EngineOptions, args: Mapping[str, str]) -> dict[str, str]:
+def instance_environment(
+    options: EngineOptions, args: Mapping[str, str], visible: str | None = None
+) -> dict[str, str]:
     """The environment that pins one model instance's engine to its device.
 
     ``args`` are what Triton passes to ``initialize``: ``model_instance_kind`` (``CPU``, ``GPU``
     or ``MODEL``) and ``model_instance_device_id``. Triton's default on a GPU host is one
     instance per GPU; each would start vLLM on GPU 0, asking for ``gpu_memory_utilization`` of
-    its memory. A GPU instance therefore sees only its own GPU (``CUDA_VISIBLE_DEVICES``). An
+    its memory. A GPU instance therefore sees only its own GPU (``CUDA_VISIBLE_DEVICES``). The
+    device id counts the GPUs the server sees: with ``visible``, the server's own
+    ``CUDA_VISIBLE_DEVICES`` (``2,3``), id 0 is the first of those (``2``), not GPU 0. An
     engine spanning several devices (``tensor_parallel_size`` > 1) cannot live on one: it needs
     one instance of ``kind: KIND_MODEL``, which sees them all. Raises ``ValueError``.
     """
@@ -150,7 +154,16 @@ def instance_environment(options: EngineOptions, args: Mapping[str, str]) -> dic
             "KIND_GPU, Triton's default: one instance per GPU); set instance_group "
             "[{ count: 1, kind: KIND_MODEL }] in config.pbtxt"
         )
-    return {"CUDA_VISIBLE_DEVICES": str(args.get("model_instance_device_id", "0"))}
+    device = str(args.get("model_instance_device_id", "0"))
+    seen = [gpu.strip() for gpu in (visible or "").split(",") if gpu.strip()]
+    if not seen:
+        return {"CUDA_VISIBLE_DEVICES": device}
+    if not device.isdigit() or int(device) >= len(seen):
+        raise ValueError(
+            f"Triton gave this instance GPU {device}, but the server sees only "
+            f"CUDA_VISIBLE_DEVICES={visible}"
+        )
+    return {"CUDA_VISIBLE_DEVICES": seen[int(device)]}
 
 
 def engine_arguments(options: EngineOptions, model: str) -> dict:
