@@ -141,7 +141,7 @@ fi
 # <<< torch
 # The side environments install while .venv does: each is its own folder, and on 2 cores the three
 # pip runs one after the other left a core idle for the 1.5 minutes .venv-vllm took. A failure in
-# either stops the install at the `wait` below; an install that stops ends them first.
+# either stops the install at the `wait` below; an install that stops ends them, pips and all.
 AIPERF_VENV=.venv-aiperf
 install_aiperf() {
   # AIPerf (NVIDIA's LLM benchmark) in its own environment: it needs numpy 2, and Triton 2.51's
@@ -152,7 +152,14 @@ install_aiperf() {
     env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
   fi
 }
-trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+# Each job is a subshell waiting on its pip: the whole tree is stopped, deepest first, or the pips
+# would go on installing into the side environments after the install has failed.
+stop_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null || true); do stop_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+trap 'for job in $(jobs -p); do stop_tree "$job"; done' EXIT
 install_aiperf &
 aiperf_job=$!
 install_vllm &
