@@ -11,7 +11,8 @@ Triton's vLLM backend: the tensors Triton's OpenAI frontend sends get the greedy
 token counts, a stop string ends the answer ("stop"), ``n`` answers come back, and a bad
 ``sampling_parameters`` gets a 400 naming it. The defects issue 41 found each have a test: the
 watchdog survives a failed pass, a start past its timeout leaves no process, an unload lets a
-live stream finish and ends a longer one within its bound.
+live stream finish whole (Triton 2.51 waits for it before finalize, so the model's own
+``unload_drain_s`` bound, for what finalize still finds running, is not reached here).
 """
 
 from __future__ import annotations
@@ -1108,18 +1109,13 @@ def test_an_unload_lets_a_live_stream_finish_whole(server, expected):
     """Triton 2.51 holds a decoupled model in UNLOADING until every request in flight has had
     its final response, and only then calls finalize: a live stream is never cut. (Seen here: a
     2000-token stream kept the unload waiting past 80 s. The model cannot bound that wait: no
-    call tells a Python model that its unload has begun.) What finalize finds unfinished, it
-    lets run for ``unload_drain_s``, then ends with an error that says so."""
-    import time
-
+    call tells a Python model that its unload has begun.) What finalize would find unfinished,
+    the model lets run for ``unload_drain_s``; on 2.51 finalize finds nothing left."""
     stream = HeldStream(server, "I am going")  # 16 tokens
     wait_for(lambda: stream.pieces, 300, "the stream's first piece")
-    started = time.monotonic()
     server.unload_model("smollm2_vllm", timeout_s=UNLOAD_DRAIN_S + 60)
-    took = time.monotonic() - started
     assert stream.done.wait(60) and stream.error is None, stream.error
     assert "".join(stream.pieces) == expected["I am going"]
-    assert took < UNLOAD_DRAIN_S + 60, took
     server.load_model("smollm2_vllm")  # for the tests after this one
     assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
 
