@@ -201,6 +201,17 @@ def test_the_shipped_kserve_schema_is_a_valid_json_schema():
 
 
 @pytest.mark.parametrize(
+    ("quantity", "size"),
+    [("8Gi", 8 * 2**30), ("1.5Gi", 3 * 2**29), ("512Mi", 2**29), ("1G", 10**9), ("129e6", 129 * 10**6),
+     ("1k", 1000), ("1000", 1000), (".5Ki", 512)],
+)  # fmt: skip
+def test_memory_reads_every_kubernetes_quantity_form(quantity, size):
+    from labkit.deploy.k8s import memory_bytes
+
+    assert memory_bytes(quantity) == size
+
+
+@pytest.mark.parametrize(
     "change, match",
     [
         ({"accelerator": "tpu"}, "accelerator='tpu'"),
@@ -208,7 +219,8 @@ def test_the_shipped_kserve_schema_is_a_valid_json_schema():
         ({"replicas": 5}, "between 1 and max_replicas"),
         ({"cache_size": 0}, "cache_size=0: the response cache needs 1 byte or more"),
         ({"cache_size": 8 * 2**30}, "does not fit in memory='8Gi'"),
-        ({"cache_size": 1024, "memory": "lots"}, "memory='lots' is not a memory quantity"),
+        ({"cache_size": 1024, "memory": "lots"}, "memory='lots' is not a Kubernetes memory"),
+        ({"cache_size": 1024, "memory": "1K"}, "memory='1K' is not a Kubernetes memory"),
     ],
 )
 def test_bad_settings_are_refused_with_the_value_named(change, match):

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import math
 import os
 import re
 import sys
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 
 import yaml
@@ -81,8 +83,13 @@ _NODE_SELECTOR = {
 IMAGE_CACHES = "/opt/tritonserver/caches"
 #: The cache a repository gets when a model enables ``response_cache`` and no size was given.
 DEFAULT_CACHE_BYTES = 256 * 1024 * 1024
-_MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6,
-                 "G": 10**9, "T": 10**12}  # fmt: skip
+#: Kubernetes' quantity suffixes (binary, then decimal; ``m`` is a thousandth).
+_MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+                 "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+                 "P": 10**15, "E": 10**18}  # fmt: skip
+_QUANTITY = re.compile(
+    r"(\d+(?:\.\d*)?|\.\d+)(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
+)
 #: Distributions a model imports under another name, and ones the server itself provides.
 _SERVER_PROVIDED = {"triton_python_backend_utils"}
 
@@ -150,12 +157,17 @@ class DeploySettings:
 
 
 def memory_bytes(quantity: str) -> int:
-    """Bytes of a Kubernetes memory quantity (``8Gi``, ``512Mi``, ``1G``, ``1000``)."""
-    match = re.fullmatch(r"(\d+)([KMGT]i?)?", str(quantity).strip())
+    """Bytes of a Kubernetes memory quantity (``8Gi``, ``1.5Gi``, ``512Mi``, ``1G``, ``129e6``,
+    ``1000``), rounded up as Kubernetes rounds a quantity to whole bytes."""
+    match = _QUANTITY.fullmatch(str(quantity).strip())
     if not match:
-        raise ConfigError(f"memory={quantity!r} is not a memory quantity such as 8Gi or 512Mi")
-    number, unit = match.groups()
-    return int(number) * _MEMORY_UNITS.get(unit or "", 1)
+        raise ConfigError(
+            f"memory={quantity!r} is not a Kubernetes memory quantity such as 8Gi, 1.5Gi or "
+            "512Mi (suffixes: Ki Mi Gi Ti Pi Ei, or k M G T P E)"
+        )
+    number, exponent, unit = match.groups()
+    value = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else 1)
+    return math.ceil(value * _MEMORY_UNITS.get(unit or "", 1))
 
 
 def cached_models(repository: str | os.PathLike) -> list[str]:
