@@ -168,11 +168,21 @@ def test_a_failed_test_keeps_its_own_failure_and_shows_the_crash_beside_it(tmp_p
     assert [name for name, _ in report.sections] == ["crash watch"]
 
 
-def test_the_watch_notes_the_processes_its_worker_started():
+@pytest.mark.integration
+def test_the_watch_notes_the_processes_its_worker_started_and_keeps_them_once_gone():
+    import subprocess
+    import sys
+
     own = crashwatch.Descendants()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        own.sample()
+        assert child.pid in own and os.getpid() not in own  # itself is not its own descendant
+    finally:
+        child.kill()
+        child.wait()
     own.sample()
-    assert os.getpid() not in own  # itself is not its own descendant
-    # (a child process would be: the fast tier refuses to start one, the integration test does)
+    assert child.pid in own  # a crashed process is gone: it is known by having been seen alive
 
 
 # -- a real Triton: a decoupled model that streamed, then unloaded ------------------------------
