@@ -33,7 +33,7 @@ def test_impossible_inputs_are_refused(bad):
 
 def test_on_a_server_of_one_core_the_budget_reads_as_one_core_and_a_batching_model_loses():
     said = predict_instances(instances=2, threads=1, cores=1, batch=2.8)
-    assert said.expect == "no gain"
+    assert said.expect == "loss" and said.text.endswith("expect a loss.")
     assert said.text.startswith(
         "Each instance runs 1 torch thread, so one instance already keeps the server's one core "
         "busy, and 2 share that core."

@@ -119,6 +119,14 @@ def test_a_batching_model_is_predicted_no_gain_and_its_tie_is_as_predicted():
     assert lesson.takeaway[1].startswith("Neither can gain much here")
 
 
+def test_a_batching_model_on_one_core_is_predicted_a_loss_and_a_tie_says_it_kept_pace():
+    lesson = conclude(20.0, 21.0, 20.5, batch=4, cores=1)
+    assert "within the noise, where a loss was predicted: one instance already ran several " in (
+        lesson.text
+    )
+    assert "as predicted" not in lesson.text.split("instances gave")[1].split(".")[0]
+
+
 @pytest.mark.parametrize("replicas", [4.4, 35.0, 60.0], ids=["loss", "tie", "gain"])
 def test_the_takeaway_holds_three_sentences_and_failover_adds_the_failed_requests(replicas):
     lesson = conclude(20.0, 36.0, replicas, load_average=6.3)

@@ -32,7 +32,7 @@ class InstancePrediction:
     busy_one: int  # cores one instance can keep busy
     busy_many: int  # cores ``instances`` instances can keep busy
     batch: float  # requests per execution with one instance (1: no batching)
-    expect: str  # "gain", "smaller gain" (a batching instance) or "no gain"
+    expect: str  # "gain", "smaller gain" (a batching instance), "no gain" or "loss"
     text: str
 
     def __str__(self) -> str:
@@ -65,7 +65,7 @@ def predict_instances(
             if batch >= 1.5
             else "."
         )
-        expect = "no gain"
+        expect = "loss" if batch >= 1.5 else "no gain"
     elif batch >= 1.5:
         why = (
             f"But one instance already runs {batch:.1f} requests per execution, so a second "

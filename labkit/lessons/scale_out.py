@@ -240,6 +240,8 @@ def _instances_line(
         if predicted.batch >= 1.5
         else "one instance already kept every core busy"
     )
+    if predicted.expect == "loss" and measured == "tie":
+        return f"{said}, {where}, where a loss was predicted: {reason}, yet here they kept pace."
     return f"{said}, {where}, as predicted: {reason}."
 
 
