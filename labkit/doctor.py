@@ -181,7 +181,7 @@ def check_gpu() -> Check:
             "gpu",
             "fail",
             f"the NVIDIA driver is installed but failed: {exc}",
-            "check the driver: nvidia-smi must run before the lab can use the device",
+            "check the driver (nvidia-smi should list the GPU) before the lab can use the device",
         )
     if not found:
         return skipped("gpu", NO_GPU)

@@ -218,6 +218,7 @@ def test_memory_reads_every_kubernetes_quantity_form(quantity, size):
         ({"name": "Bad_Name"}, "not a Kubernetes name"),
         ({"replicas": 5}, "between 1 and max_replicas"),
         ({"cache_size": 0}, "cache_size=0: the response cache needs 1 byte or more"),
+        ({"cache_size": "lots"}, "cache_size='lots': the response cache needs 1 byte or more"),
         ({"cache_size": 8 * 2**30}, "does not fit in memory='8Gi'"),
         ({"cache_size": 1024, "memory": "lots"}, "memory='lots' is not a Kubernetes memory"),
         ({"cache_size": 1024, "memory": "1K"}, "memory='1K' is not a Kubernetes memory"),

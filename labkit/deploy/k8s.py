@@ -133,13 +133,17 @@ class DeploySettings:
                 f"replicas={self.replicas} must be between 1 and max_replicas={self.max_replicas}"
             )
         if self.cache_size is not None:
-            if isinstance(self.cache_size, bool) or int(self.cache_size) < 1:
+            if (
+                not isinstance(self.cache_size, int)
+                or isinstance(self.cache_size, bool)
+                or (self.cache_size < 1)
+            ):
                 raise ConfigError(
                     f"cache_size={self.cache_size!r}: the response cache needs 1 byte or more "
                     "(for example 268435456 for 256 MiB); pass None for no cache"
                 )
             limit = memory_bytes(self.memory)
-            if int(self.cache_size) >= limit:
+            if self.cache_size >= limit:
                 raise ConfigError(
                     f"cache_size={self.cache_size} bytes does not fit in memory={self.memory!r} "
                     f"({limit} bytes), the container's limit, which also holds the models; "
