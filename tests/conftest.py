@@ -24,7 +24,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ import psutil
 import pytest
 
 from labkit import profiling
+from labkit.proc import wait_until
 from labkit.server import TritonServer
 
 #: A Python-backend model config with one string input and one string output, no batching.
@@ -210,14 +210,10 @@ def start_module_server(tmp_path_factory):
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2):
     """Poll ``condition`` until it returns something true, and return that; fail after
     ``timeout_s`` naming ``what`` did not happen."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
-        time.sleep(interval_s)
+    value = wait_until(condition, timeout_s, interval_s)
+    if not value:
+        raise AssertionError(f"{what} did not happen within {timeout_s:g} s")
+    return value
 
 
 def group_alive(pgid: int) -> list[psutil.Process]:
