@@ -204,10 +204,20 @@ def startup_lines(server: TritonServer) -> str:
 
 def show_table(frame):
     """A DataFrame as a notebook shows it best for text: every cell whole (pandas cuts at 50
-    characters by default), left-aligned, no index."""
+    characters by default), left-aligned, no index, and numbers as they were rounded (a styled
+    table otherwise pads every float to 6 decimals: ``10.100000``)."""
     left = [{"selector": "th", "props": [("text-align", "left")]}]
+    floats = frame.select_dtypes("float").columns
     return (
         frame.style.hide(axis="index")
+        .format(_number, subset=list(floats))
         .set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
         .set_table_styles(left)
     )
+
+
+def _number(value: float) -> str:
+    """A float as it reads: its own digits (up to 6 significant), whole from a million up."""
+    if value != value:  # NaN: not measured
+        return ""
+    return f"{value:.0f}" if abs(value) >= 1e6 else f"{value:.6g}"

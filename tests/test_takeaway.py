@@ -4,6 +4,7 @@ for the run's index. A gain, a tie and a loss read differently in each takeaway.
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -198,3 +199,12 @@ def test_notebook_02s_takeaway_answers_its_question_first_what_fits_and_what_cha
     assert said.lines[1].startswith("b was unloaded and loaded again, and a's configuration")
     assert said.lines[2].startswith('Asked "r", the search ranked "m" first')
     assert len(said.lines) == 3
+
+
+def test_a_shown_table_keeps_its_numbers_as_rounded_not_padded_to_six_decimals():
+    frame = pd.DataFrame(
+        {"configuration": ["one", "two"], "clients": [4, 4], "infer/s": [10.1, 455.0],
+         "bytes": [float("nan"), 1234567.8]}
+    )  # fmt: skip
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", lab.show_table(frame).to_html())
+    assert cells == ["one", "4", "10.1", "", "two", "4", "455", "1234568"]
