@@ -128,6 +128,13 @@ def test_haproxy_accepts_the_generated_configuration(tmp_path):
 
 
 # -- one address for every client --------------------------------------------------------------
+@pytest.mark.integration  # the first test of the cluster: it reads the pool just started
+def test_a_started_cluster_shows_every_replica_checked_up_not_initializing(cluster):
+    pool = cluster.pool().set_index("replica")
+    assert list(pool["lb_status"]) == ["UP", "UP"], pool[["lb_status", "lb_check"]]
+    assert "Initializing" not in set(pool["lb_check"]), pool[["lb_status", "lb_check"]]
+
+
 @pytest.mark.integration
 def test_every_labkit_client_works_through_the_balancer(cluster):
     assert client.infer(cluster.http_url, "echo", "hello") == ["hello"]

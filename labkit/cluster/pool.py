@@ -252,9 +252,10 @@ class Cluster(Addresses):
         self._event("lb", f"haproxy on http {self.http_url}, grpc {self.grpc_url}")
 
     def wait_ready(self, timeout_s: float = 30.0, count: int | None = None) -> None:
-        """Wait until ``count`` replicas (default: all) are UP in HAProxy."""
+        """Wait until ``count`` replicas (default: all) are UP in HAProxy, each checked: a server
+        HAProxy has not checked yet also reads UP ("UP 1/2", "Initializing")."""
         count = self.size if count is None else count
-        if not wait_until(lambda: len(self.in_pool()) >= count, timeout_s, 0.05):
+        if not wait_until(lambda: len(self.checked_up()) >= count, timeout_s, 0.05):
             raise ServerTimeoutError(
                 f"{len(self.in_pool())} of {count} replicas were in the pool after "
                 f"{timeout_s:g} s:\n{self.pool().to_string()}"
@@ -267,6 +268,12 @@ class Cluster(Addresses):
         # "UP 1/2" is a replica going down that still takes requests; "DOWN 1/2" one coming back.
         view = self.balancer.servers().items()
         return [name for name, row in view if row["status"].split()[0] == "UP"]
+
+    def checked_up(self) -> list[str]:
+        """The replicas HAProxy has checked and found ready, with no failed check since."""
+        if not self.running:
+            return []
+        return [name for name, row in self.balancer.servers().items() if row["status"] == "UP"]
 
     def pool(self) -> pd.DataFrame:
         """One row per replica: its address, process, readiness, and HAProxy's view of it:
