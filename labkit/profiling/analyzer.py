@@ -395,10 +395,10 @@ def _end_everything(process: subprocess.Popen, run_dir: Path) -> None:
     pids = run_dir / "tritonserver.pids"
     for line in pids.read_text().split() if pids.is_file() else []:
         kill_group(int(line), signal.SIGKILL)  # each server leads its own session
-    for process in processes_using(run_dir):
-        kill_group(process.pid, signal.SIGKILL)
+    for left in processes_using(run_dir):
+        kill_group(left.pid, signal.SIGKILL)
         with contextlib.suppress(psutil.Error):
-            process.kill()  # psutil checks it is still the process found, not a reused PID
+            left.kill()  # psutil checks it is still the process found, not a reused PID
 
 
 def leftover_servers(run_dir: str | os.PathLike) -> list[int]:
