@@ -110,6 +110,12 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
         "where a core is idle."
     )
     assert sentence_count(pinned.takeaway) == 3
+    # a search whose default measured low: two instances' lead there is within the search's noise
+    noisy = lessons.confirm_winner(rounds, search(default_tput=5.0), "w", threads=1, cores=1)
+    assert noisy.takeaway[1].startswith(
+        "Two instances made x1.18 infer/s against the default in the search, within its noise "
+        "(x1.63 between configurations that cannot differ), and lost"
+    )
     shown = said + conclusion.table.to_string() + " ".join(conclusion.table.columns)
     assert "_vs_" not in shown and "Ratio(" not in shown
     assert list(conclusion.table["configuration"]) == ["d", "w", "two"]  # the reference first
@@ -213,7 +219,7 @@ def test_the_search_findings_give_each_instance_count_the_mechanism_its_noise_an
     assert "measured 7.60 to 8.16 infer/s with 1 instance (w, d), and 5.90 infer/s with 2" in said
     assert "A max batch size of 4 or 8 makes no difference here" in said
     # w and d differ only in a max batch size the clients never fill: the search's noise
-    assert "differ only in it measured up to x1.07 apart" in said
+    assert "differ only in it, or not at all, measured up to x1.07 apart" in said
     assert "2.4 requests per execution" in said and "less than 2x" in said
     # what the search itself shows: did the 2 instances each have a core?
     assert "Measured in the search (two): one execution took 700 ms with 2 instances" in said

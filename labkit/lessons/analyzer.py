@@ -85,7 +85,8 @@ def search_findings(
         said.append(
             f"A max batch size of {' or '.join(map(str, sizes))} makes no difference here: with "
             f"{clients} clients no execution can take more than {clients} requests. Yet "
-            f"configurations that differ only in it measured up to x{noise:.2f} apart: that is "
+            f"configurations that differ only in it, or not at all, measured up to x{noise:.2f} "
+            "apart: that is "
             "the search's noise, with one measurement each."
         )
     elif noise is not None:
@@ -323,10 +324,18 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
         searched_lead = Ratio.between(
             by.loc[name, "throughput"], by.loc[default, "throughput"], "infer/s"
         )
+        noise = search_noise(by.reset_index())
+        lead = max(searched_lead.value, 1 / searched_lead.value)
+        searched = (
+            f"made {searched_lead} against the default in the search, within its noise (x"
+            f"{noise:.2f} between configurations that cannot differ)"
+            if noise is not None and lead <= noise
+            else f"made {searched_lead} against the default in the search, where the server "
+            "could use every core"
+        )
         short = (
-            f"{_COUNT.get(k, k)} instances made {searched_lead} against the default in the "
-            f"search, where the server could use every core, and {verb} ({ratio}) measured again "
-            "with the server on one core: an instance gains only where a core is idle."
+            f"{_COUNT.get(k, k)} instances {searched}, and {verb} ({ratio}) measured again with "
+            "the server on one core: an instance gains only where a core is idle."
         )
     return said, short, label
 
