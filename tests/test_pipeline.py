@@ -383,7 +383,7 @@ def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
     assert "a repeated text took 0.30 ms against 45.0 ms for a new one" in conclusion.text
     # x0.97: a slowdown within the noise agrees with the prediction, and says so
     assert (
-        "(slower, as predicted, by less than this host's noise between identical servers)"
+        "(within this host's noise, on the slower side that two more process hops predict)"
         in (conclusion.takeaway[1])
     )
     for table in (conclusion.table, lesson.rounds_table(lesson_inputs()[1])):

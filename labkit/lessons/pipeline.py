@@ -217,8 +217,8 @@ def pipeline_conclusion(
         )
     else:
         why_instances = (
-            "on 2 cores, already shared with the tokenizer, the single model and the load "
-            "generator, a second encoder has no idle core to run on."
+            "on 2 cores, already shared with the tokenizer step, the server's own threads and "
+            "the load generator, a second encoder has no idle core to run on."
         )
     text = "\n".join(
         [
@@ -301,7 +301,7 @@ def _cost_words(ratio: Ratio, verdict: str) -> str:
     """The ensemble's cost in words: a slowdown smaller than the noise is said to agree with the
     prediction (two more process hops can only slow a request), not called a verdict."""
     if verdict == "within the noise" and ratio.value < 1:
-        return "slower, as predicted, by less than this host's noise between identical servers"
+        return "within this host's noise, on the slower side that two more process hops predict"
     return verdict
 
 
