@@ -51,8 +51,8 @@ def test_a_gain_in_every_round_is_a_gain_explained_by_the_batches_and_called_cpu
     assert c.figures["throughput_with_4_clients_against_1"] == lessons.Ratio(255 / 105, "infer/s")
     assert c.figures["throughput_infer_s_c1"] == 105 and len(c.figures) <= 6
     assert c.takeaway[1] == (
-        "4 clients in flight against 1 gave x2.43 infer/s (255 against 105, in each of 2 rounds), "
-        "as Triton batched their requests (2.50 a call); a CPU figure, not Inferentia's."
+        "4 clients in flight against 1 gave x2.43 infer/s (255 against 105 on average, more in "
+        "each of 2 rounds), as Triton batched their requests (2.50 a call); a CPU figure, not Inferentia's."
     )
     assert sentence_count(c.takeaway) == 3
 
@@ -68,8 +68,8 @@ def test_a_gain_beyond_the_batch_is_said_to_come_from_calls_back_to_back():
         "second (1891 against 1463): with a request always waiting" in c.text
     )
     assert c.takeaway[1] == (
-        "4 clients in flight against 1 gave x2.57 infer/s (3764 against 1463, in each of 2 "
-        "rounds), as Triton batched their requests (1.99 a call) and ran x1.29 as many calls a "
+        "4 clients in flight against 1 gave x2.57 infer/s (3764 against 1463 on average, more in "
+        "each of 2 rounds), as Triton batched their requests (1.99 a call) and ran x1.29 as many calls a "
         "second, back to back; a CPU figure, not Inferentia's."
     )
     assert sentence_count(c.takeaway) == 3

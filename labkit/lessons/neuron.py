@@ -111,6 +111,7 @@ def neuron_conclusion(
     scaling = Ratio.between(high_mean, low_mean, "infer/s")
     rounds = min(len(low_runs), len(high_runs))
     every = f"in each of {rounds} rounds" if rounds > 1 else "in one round"
+    mean_of = " on average" if rounds > 1 else ""
     if scaling.value >= GAIN and min(high_runs) > max(low_runs):
         verdict = "gain"
     elif scaling.value <= 1 / GAIN and max(high_runs) < min(low_runs):
@@ -179,8 +180,9 @@ def neuron_conclusion(
         "device_checks_validated_offline": len(checks),
     }
     said = {
-        "gain": f"{scaling} ({high_mean:.0f} against {low_mean:.0f}, {every})",
-        "loss": f"{scaling}, a loss ({high_mean:.0f} against {low_mean:.0f}, {every})",
+        "gain": f"{scaling} ({high_mean:.0f} against {low_mean:.0f}{mean_of}, more {every})",
+        "loss": f"{scaling}, a loss ({high_mean:.0f} against {low_mean:.0f}{mean_of}, less "
+        f"{every})",
         "noise": f"{scaling}, within the noise ({high_mean:.0f} against {low_mean:.0f})",
     }[verdict]
     because = ""
