@@ -189,6 +189,10 @@ def test_every_way_keeps_one_colour_in_every_panel_and_legend():
     assert precision["vLLM in Triton"] == COLOURS["vllm"]
     titles = [a.text for a in precision_figure(full()).layout.annotations]
     assert all(len(t) <= 30 for t in titles), titles  # subplot titles that fit their panel
+    for figure in (rounds_figure(full()), precision_figure(full())):
+        axes = [k for k in figure.layout.to_plotly_json() if k.startswith(("xaxis", "yaxis"))]
+        untitled = [k for k in axes if not figure.layout[k].title.text]
+        assert axes and untitled == [], untitled
 
 
 def test_the_benchmark_record_is_made_from_a_bench_run(tmp_path):

@@ -115,7 +115,9 @@ def rounds_figure(comparison: Comparison, title: str | None = None):
                            showlegend=col == 1 and way == comparison.ways[0]),
                 row=1, col=col,
             )  # fmt: skip
-    fig.update_xaxes(showticklabels=False)
+    fig.update_xaxes(showticklabels=False, title_text="way (colours: the legend)")
+    for col, label in enumerate(panels.values(), start=1):
+        fig.update_yaxes(title_text=label, row=1, col=col)
     fig.update_layout(
         title=title or "Each way, the same workload (bar: median of the rounds)",
         height=420,
@@ -176,7 +178,12 @@ def precision_figure(comparison: Comparison, title: str | None = None):
     total = max((comparison.answers.get(w) or {}).get("compared", 0) for w in ways)
     names = {"vllm": "float32", "vllm_bf16": "bfloat16"}
     fig = make_subplots(
-        rows=1, cols=2, subplot_titles=["output tokens/s", f"answers as float32's (of {total})"]
+        rows=1,
+        cols=2,
+        subplot_titles=[
+            "output tokens/s",
+            f"same as plain float32 (of {total})",  # the plain model's float32 answers alone
+        ],
     )
     for way in ways:
         values = [r["output_tokens_per_s"] for r in comparison.way_rows(way)]
@@ -197,5 +204,8 @@ def precision_figure(comparison: Comparison, title: str | None = None):
             row=1, col=2,
         )  # fmt: skip
     fig.update_yaxes(range=[0, max(total, 1)], row=1, col=2)
+    fig.update_xaxes(title_text="vLLM's precision")
+    fig.update_yaxes(title_text="output tokens/s", row=1, col=1)
+    fig.update_yaxes(title_text="greedy answers alike", row=1, col=2)
     fig.update_layout(title=title or "vLLM's precision: speed against agreement", height=380)
     return fig
