@@ -96,6 +96,16 @@ def test_a_gain_within_the_drift_at_one_client_is_a_tie():
     assert "times as many" not in conclusion.takeaway[0]
 
 
+def test_a_drift_under_the_labs_floor_says_where_the_floor_comes_from():
+    off = sweep({1: 1.0, 8: 2.0})
+    on = sweep({1: 1.05, 8: 4.0}, {8: 3.0})
+    text = batching.batching_conclusion(off, on).text
+    assert "differ by x1.05: that is this host's drift between them, so only a change beyond " in (
+        text
+    )
+    assert "x1.20 counts (the lab's floor on a shared host, where smaller differences" in text
+
+
 def test_without_a_level_at_one_client_the_bar_is_the_lab_s_gain():
     conclusion = batching.batching_conclusion(sweep({8: 2.0}), sweep({8: 2.3}, {8: 3.0}))
     assert "within x1.20 either way" in conclusion.text and "drift" not in conclusion.text

@@ -196,7 +196,8 @@ def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():
     rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
     conclusion = lessons.confirm_winner(rounds, search(twin=9.0), "twin", threads=1, cores=2)
     assert conclusion.takeaway[2].startswith(
-        "Model Analyzer picked a configuration with the default's own settings from one measurement"
+        "Model Analyzer picked a configuration with the default's own settings, that is: keep "
+        "the default, from one measurement"
     )
     assert conclusion.figures["Model Analyzer's pick"] == "the default's settings"
 

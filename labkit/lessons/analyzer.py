@@ -365,7 +365,10 @@ def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
     if bool(by.loc[winner, "is_default"]):
         named = "Model Analyzer ranked the default first"
     elif by.loc[winner, "change"] == "none":
-        named = "Model Analyzer picked a configuration with the default's own settings"
+        named = (
+            "Model Analyzer picked a configuration with the default's own settings, that is: "
+            "keep the default,"
+        )
     else:
         named = f"Model Analyzer picked {by.loc[winner, 'change']}"
     apart = (

@@ -297,7 +297,13 @@ def batching_conclusion(
         lines.append(
             f"At 1 client, where there is nothing to batch, the two sweeps differ by "
             f"x{drift:.2f}: that is this host's drift between them, so only a change beyond "
-            f"x{bar:.2f} counts."
+            f"x{bar:.2f} counts"
+            + (
+                " (the lab's floor on a shared host, where smaller differences come and go "
+                "between runs)."
+                if bar <= GAIN
+                else "."
+            )
         )
     lines.append(_tutorial())
     takeaway = [_batching_takeaway(c, gain, bar, rate_on, rate_off, batch)]
