@@ -79,7 +79,7 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
     )
     assert "4 clients never send more requests at once than either max batch size allows" in said
     assert "two (2 instances) gave x0.63 infer/s against the default (x0.60 to x0.66" in said
-    assert "slower in most rounds and faster in none" in said
+    assert "slower in every round" in said
     # the shared explanation of instances, from the default's requests per execution
     assert "keeps 1 of the 2 cores busy" in said and "2.4 requests per execution" in said
     assert "took 700 ms with 2 instances against 340 ms with 1" in said
@@ -170,11 +170,13 @@ def test_two_instances_that_had_a_core_each_in_the_search_but_not_in_the_rounds_
 def test_a_configuration_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():
     gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.8]}), search(), "w")
     assert gain.figures["verdicts"] == {"max batch size 4": "gain"}
-    assert (
-        "faster in most rounds and slower in none" in gain.text and "tied" not in gain.takeaway[0]
-    )
+    assert "faster in every round" in gain.text and "tied" not in gain.takeaway[0]
     tie = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.2]}), search(), "w")
     assert tie.figures["verdicts"] == {"max batch size 4": "tie"}
+    # two of three rounds beyond the floor, the third faster too: a gain "in most rounds"
+    most = in_rounds({"d": [5.0, 5.0, 5.0], "w": [6.0, 5.8, 5.2]})
+    most_gain = lessons.confirm_winner(most, search(), "w")
+    assert "faster in most rounds and slower in none" in most_gain.text
 
 
 def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_execution():
@@ -252,3 +254,14 @@ def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_pa
     assert [figure_text(v) for v in (0.08351, 14.354, 3.576e-06)] == ["0.0835", "14.4", "3.58e-06"]
     assert [figure_text(v) for v in (1473.8, 39321.5)] == ["1474", "39322"]  # never 1.47e+03
     assert math.isnan(Ratio.between(1.0, 0.0, "infer/s").value)
+
+
+def test_a_pick_that_led_beyond_the_search_noise_is_not_called_noise():
+    rounds = in_rounds({"d": [6.0, 6.1], "w": [6.4, 6.5], "two": [3.5, 3.6]})
+    # a max batch size of 2 under 4 clients can matter: the noise is the default's twin alone
+    said = lessons.confirm_winner(rounds, search(winner_batch=2, twin=7.7), "w", threads=1)
+    assert said.takeaway[2].startswith(
+        "Model Analyzer picked max batch size 8 -> 4 from one measurement of each configuration, "
+        "x1.07 ahead of the default, beyond the x1.01 between configurations that cannot differ "
+        "here: a search's pick holds"
+    )

@@ -42,6 +42,16 @@ VERDICT_WORDS = {
 }
 
 
+def verdict_words(result: str, ratios: list[float]) -> str:
+    """:data:`VERDICT_WORDS` of ``result``, or "faster/slower in every round" when every
+    round measured (``ratios``) was beyond the noise floor that way."""
+    measured = [r for r in ratios if r == r]
+    every = {"gain": lambda r: r >= 1 + NOISE_FLOOR, "loss": lambda r: r <= 1 - NOISE_FLOOR}
+    if result in every and measured and all(every[result](r) for r in measured):
+        return f"{'faster' if result == 'gain' else 'slower'} in every round"
+    return VERDICT_WORDS[result]
+
+
 #: Instance counts as a sentence starts them.
 _COUNT = {2: "Two", 3: "Three", 4: "Four"}
 
@@ -197,7 +207,9 @@ def confirm_winner(
                 "requests per execution": f"{_median(rounds, name, 'avg_batch_size'):.1f}",
                 "one execution (ms)": f"{_median(rounds, name, 'compute_infer_ms'):.0f}",
                 "against the default, each round": ", ".join(f"x{q:.2f}" for q in ratios),
-                "verdict": VERDICT_WORDS[judged[name][1]] if name != default else "the reference",
+                "verdict": verdict_words(judged[name][1], judged[name][2])
+                if name != default
+                else "the reference",
             }
         )
     batch = _median(rounds, default, "avg_batch_size")
@@ -254,7 +266,7 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
     k, k_default = int(by.loc[name, "instances"]), int(by.loc[default, "instances"])
     who = f"{name} ({change})" + (", Model Analyzer's winner," if name == winner else "")
     said = f"{who} gave {ratio} against the default ({_spread(ratios)}): "
-    said += VERDICT_WORDS[result]
+    said += verdict_words(result, ratios)
     if k == k_default:
         sizes = (int(by.loc[name, "max_batch_size"]), int(by.loc[default, "max_batch_size"]))
         clients = int(by.loc[default, "concurrency"])
@@ -273,12 +285,15 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
                 f"A max batch size of {sizes[0]} tied with the default's {sizes[1]} "
                 f"({_spread(ratios)})."
                 if result == "tie"
-                else f"A max batch size of {sizes[0]} was {VERDICT_WORDS[result]} against the "
+                else f"A max batch size of {sizes[0]} was {verdict_words(result, ratios)} against the "
                 f"default's {sizes[1]} ({ratio})."
             )
         else:
             said += "."
-            short = f"{name} ({change}) gave {ratio} against the default: {VERDICT_WORDS[result]}."
+            short = (
+                f"{name} ({change}) gave {ratio} against the default: "
+                f"{verdict_words(result, ratios)}."
+            )
         return said, short, label
     said += "."
     if threads and k_default == 1 and k > 1:
@@ -371,8 +386,14 @@ def _pick_words(winner: str, by: pd.DataFrame, noise: float | None) -> str:
         )
     else:
         named = f"Model Analyzer picked {by.loc[winner, 'change']}"
+    lead = float(by.loc[winner, "throughput"]) / float(
+        by.loc[by["is_default"]].iloc[0]["throughput"]
+    )
     apart = (
         f" (configurations that cannot differ here measured up to x{noise:.2f} apart)"
+        if noise is not None and lead <= noise
+        else f", x{lead:.2f} ahead of the default, beyond the x{noise:.2f} between configurations "
+        "that cannot differ here"
         if noise is not None
         else ""
     )
