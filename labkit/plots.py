@@ -297,14 +297,13 @@ def queue_delay(data: pd.DataFrame, title: str | None = None):
         )
     mean = data.groupby("setting", sort=False)[["queue_ms", "compute_ms", "batch"]].mean()
     fig = go.Figure()
-    for column, part in (("queue_ms", "queue"), ("compute_ms", "compute infer")):
+    parts = (
+        ("queue_ms", "queue", "queue wait"),
+        ("compute_ms", "compute infer", "its batch's run"),
+    )
+    for column, part, name in parts:
         fig.add_trace(
-            go.Bar(
-                x=list(mean.index),
-                y=mean[column],
-                name=f"{part} (ms)",
-                marker_color=PART_COLOURS[part],
-            )
+            go.Bar(x=list(mean.index), y=mean[column], name=name, marker_color=PART_COLOURS[part])
         )
     tops = mean["queue_ms"] + mean["compute_ms"]
     fig.add_trace(

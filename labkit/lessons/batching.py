@@ -492,8 +492,8 @@ def _delay(
     words = (
         f"With requests arriving one at a time ({pace}), the {delay}queue delay {bought}"
         f"{saved}; the price was {wait / 1000:.1f} s more waiting in the queue per request "
-        f"(p50 latency {mean[NO_DELAY]['p50_ms'] / 1000:.1f} s without the delay, "
-        f"{mean[DELAY]['p50_ms'] / 1000:.1f} s with it, over {rounds} alternating rounds each)."
+        f"(p50 latency {mean[NO_DELAY]['p50_ms'] / 1000:.2f} s without the delay, "
+        f"{mean[DELAY]['p50_ms'] / 1000:.2f} s with it, over {rounds} alternating rounds each)."
     )
     if every_s:
         served = [_rate(mean[s]) for s in (NO_DELAY, DELAY)]

@@ -223,9 +223,15 @@ def pipeline_conclusion(
     text = "\n".join(
         [
             f"Same answers: {agreement}.",
-            f"The ensemble's cost: at {low} client it served {cost[low][0]} of the single "
-            f"model's ({said_cost[low]}), at {high} clients {cost[high][0]} ({said_cost[high]}). "
-            f"At {low} client the median request took {ensemble_p50:.1f} ms through the ensemble "
+            (
+                f"The ensemble's cost: at {low} client it served {cost[low][0]} of the single "
+                f"model's and at {high} clients {cost[high][0]}, both {said_cost[low]}. "
+                if said_cost[low] == said_cost[high]
+                else f"The ensemble's cost: at {low} client it served {cost[low][0]} of the "
+                f"single model's ({said_cost[low]}), at {high} clients {cost[high][0]} "
+                f"({said_cost[high]}). "
+            )
+            + f"At {low} client the median request took {ensemble_p50:.1f} ms through the ensemble "
             f"and {single_p50:.1f} ms through the single model: {_why_cost(cost[low][1])}",
             f"A second encoder instance changed the ensemble's share of the single model's "
             f"throughput at {high} clients by {instances[0]} ({instances[1]}): {why_instances}",
