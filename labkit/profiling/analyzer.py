@@ -36,7 +36,7 @@ from labkit.errors import ConfigError, MissingDependencyError, ToolError, ToolTi
 from labkit.proc import free_ports, kill_group, processes_using, spawn, tail, wait_until
 from labkit.profiling.perf import FIXED_WINDOWS_FLAGS, locate_perf_analyzer, perf_analyzer
 from labkit.repository import read_config
-from labkit.server import locate_tritonserver, recover, reload, unhealthy
+from labkit.server import locate_tritonserver, reload, unhealthy
 
 log = logging.getLogger(__name__)
 
@@ -639,33 +639,17 @@ def measure_rounds(server, served: dict[str, str], *, rounds: int, **options) ->
 
 
 def _measure_once_more_if_starved(server, model: str, label: str, options: dict) -> pd.DataFrame:
-    """perf_analyzer on ``model``, taken once more when it failed for a reason of the moment:
-    - its requests failed with ``Stub process ... is not healthy`` while every stub still runs.
-      Triton's Python backend calls a stub unhealthy when its heartbeat (every 300 ms) is not
-      seen within a second, and a stub on a busy pinned core can miss that window for a moment:
-      that moment's requests fail, the next ones are served (seen on 2 cores at load 12, once in
-      three rounds);
-    - a stub of ``model`` died during the measurement (once in about ten fresh-clone runs of
-      notebook 04 under ``make test``: a segfault inside Triton's stub, and perf_analyzer then
-      aborted). The model is restarted (:func:`labkit.server.recover`) and measured again.
-    A second failure raises, as does a stub of another model that died."""
+    """perf_analyzer on ``model``, taken once more when its requests failed with ``Stub process
+    ... is not healthy`` while every stub still runs. Triton's Python backend calls a stub
+    unhealthy when its heartbeat (every 300 ms) is not seen within a second, and a stub on a
+    busy pinned core can miss that window for a moment: that moment's requests fail, the next
+    ones are served (seen on 2 cores at load 12, once in three rounds). A stub that died raises."""
     try:
         return perf_analyzer(server, model, label=label, **options)
     except ToolError as exc:
-        dead = unhealthy(server)
-        if dead and set(dead) <= {model}:
-            log.warning(
-                "%s: a Python stub of %s died during the measurement (%s); restarted the model "
-                "and measuring once more",
-                label,
-                model,
-                dead[model],
-            )
-            recover(server, [model])
-        elif dead or "is not healthy" not in str(exc):
+        if "is not healthy" not in str(exc) or unhealthy(server):
             raise
-        else:
-            log.warning("%s: a stub missed its health window (%s); measuring once more", label, exc)
+        log.warning("%s: a stub missed its health window (%s); measuring once more", label, exc)
     return perf_analyzer(server, model, label=f"{label}, again", **options)
 
 
