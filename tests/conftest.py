@@ -385,33 +385,6 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: -weights[item.path])
 
 
-#: Files one worker runs one after the other, never beside each other: notebooks 04 and 06 both
-#: pin the servers they measure to core 0 and give verdicts from those rounds. Longest first put
-#: them on the two workers at once; in one fresh clone's ``make test`` 04's default went from
-#: 7.13 to 3.89 infer/s between rounds, and 04's two verdicts flipped between runs (tie or loss).
-SERIAL_FILES = ("notebooks/06_inflight_batching.ipynb", "notebooks/04_model_analyzer.ipynb")
-
-
-def schedule_scope(scope: str) -> str:
-    """The unit of work xdist hands a worker for a file ``scope`` (``--dist loadfile``'s scope,
-    the file's path): the file itself, or for :data:`SERIAL_FILES` one unit that holds them all."""
-    return SERIAL_FILES[0] if scope in SERIAL_FILES else scope
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``'s scheduler, with :data:`SERIAL_FILES` as one unit of work."""
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class SerialFilesScheduling(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return schedule_scope(super()._split_scope(nodeid))
-
-    return SerialFilesScheduling(config, log)
-
-
 def file_weights(items: list[pytest.Item], root: Path) -> dict[Path, float]:
     """How long each file of ``items`` is taken to run, for ordering only: its measured seconds
     (:data:`FILE_SECONDS`), else the sum of its tests' :func:`schedule_weight`."""
@@ -424,14 +397,6 @@ def file_weights(items: list[pytest.Item], root: Path) -> dict[Path, float]:
         )
         if measured is not None:
             weights[path] = float(measured)
-    serial = [
-        p
-        for p in weights
-        if p.is_relative_to(root) and p.relative_to(root).as_posix() in SERIAL_FILES
-    ]
-    together = sum(weights[p] for p in serial)
-    for path in serial:  # one unit of work: queued by its whole length, its files side by side
-        weights[path] = together
     return weights
 
 

@@ -173,27 +173,3 @@ def test_a_measured_file_weighs_its_seconds_and_a_new_one_the_sum_of_its_markers
 def test_every_file_the_schedule_measured_is_still_in_the_suite():
     gone = [name for name in FILE_SECONDS if not (ROOT / name).is_file()]
     assert gone == [], f"rename or drop these in tests/conftest.py's FILE_SECONDS: {gone}"
-
-
-def test_notebooks_04_and_06_are_one_unit_of_work_so_never_measure_side_by_side(tmp_path):
-    from conftest import SERIAL_FILES, schedule_scope  # tests/conftest.py
-
-    assert {schedule_scope(name) for name in SERIAL_FILES} == {SERIAL_FILES[0]}
-    assert schedule_scope("tests/test_aiperf.py") == "tests/test_aiperf.py"
-    # queued by their summed length, so their unit starts first and its files stay side by side
-    paths = [tmp_path / name for name in SERIAL_FILES]
-    weights = file_weights([Planted(p, "notebook") for p in paths], tmp_path)
-    assert weights == {p: sum(FILE_SECONDS[name] for name in SERIAL_FILES) for p in paths}
-
-
-def test_the_xdist_scheduler_hands_out_the_serial_files_as_one_unit(pytestconfig, monkeypatch):
-    from conftest import SERIAL_FILES, pytest_xdist_make_scheduler
-
-    monkeypatch.setattr(pytestconfig.option, "dist", "loadfile", raising=False)
-    monkeypatch.setattr(pytestconfig.option, "tx", ["2*popen"], raising=False)  # what -n 2 sets
-    scheduler = pytest_xdist_make_scheduler(pytestconfig, None)
-    scopes = {scheduler._split_scope(f"{name}::") for name in SERIAL_FILES}
-    assert scopes == {SERIAL_FILES[0]}
-    assert scheduler._split_scope("tests/test_aiperf.py::test_x") == "tests/test_aiperf.py"
-    monkeypatch.setattr(pytestconfig.option, "dist", "load")
-    assert pytest_xdist_make_scheduler(pytestconfig, None) is None  # xdist's own
