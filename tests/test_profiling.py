@@ -146,14 +146,14 @@ def test_cores_pin_every_perf_analyzer_run_of_a_sweep(monkeypatch, tmp_path):
     assert pinned == [(1,)]
 
 
-def test_notebook_04s_rounds_give_the_server_and_perf_analyzer_cores_of_their_own(monkeypatch):
+def test_notebook_04s_rounds_give_the_server_every_core_but_the_last(monkeypatch):
     from labkit import hardware
     from labkit.profiling import analyzer
 
     monkeypatch.setattr(hardware, "usable_cores", lambda: (0, 1, 2, 3))
-    assert (analyzer.server_cores(), analyzer.client_cores()) == ((0, 1, 2), (3,))
+    assert analyzer.server_cores() == (0, 1, 2)
     monkeypatch.setattr(hardware, "usable_cores", lambda: (5,))
-    assert (analyzer.server_cores(), analyzer.client_cores()) == ((5,), (5,))
+    assert analyzer.server_cores() == (5,)
 
 
 @pytest.mark.integration
