@@ -116,8 +116,9 @@ def frontend_models(repository: str | os.PathLike, load_models: list[str]) -> li
     """The models of ``load_models`` (``"*"``: every model of ``repository``) that declare every
     tensor the frontend sends and the ``text_output`` it reads, in the order given."""
     repo = Repository(repository)
-    names = repo.models() if "*" in load_models else load_models
-    return [name for name in names if name in repo.models() and _speaks_frontend(repo, name)]
+    present = repo.models()  # one listing of the repository, not one per name
+    names = present if "*" in load_models else load_models
+    return [name for name in names if name in present and _speaks_frontend(repo, name)]
 
 
 def plan_frontend(
