@@ -293,6 +293,21 @@ def cache_table(server: TritonServer | str, since: pd.DataFrame | None = None) -
 
 
 # -- the ensemble's cost: perf_analyzer in alternating rounds ---------------------------------
+#: A paragraph of about 120 tokens for notebook 08's throughput rounds: long enough that each
+#: encoder call keeps a core busy for a while, as a document's chunk does in retrieval, so what a
+#: second encoder instance does shows beyond this host's noise (a one-line sentence takes about
+#: 13 ms, and the client's and the server's own work per request then weigh as much).
+PASSAGE = (
+    "Triton Inference Server serves models from a folder called a model repository. Each model "
+    "has a configuration that says its inputs, its outputs, how many copies of it run and how "
+    "requests are batched together. A client sends a request over HTTP or gRPC, the server "
+    "puts it in the model's queue, and the scheduler hands a batch of queued requests to a free "
+    "instance. A Python model runs in a process of its own, and its tensors cross shared memory "
+    "on the way in and out. An ensemble chains several models inside the server, so the client "
+    "sends one request and gets the final answer."
+)
+
+
 def ensemble_rounds(
     server: TritonServer,
     *,

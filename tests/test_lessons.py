@@ -57,12 +57,30 @@ def test_one_round_gives_no_verdict():
     ("ratios", "expected"),
     [([0.65, 0.47, 0.99, 0.50], "loss"),  # measured with the server on one core, load 4.4
      ([0.65, 0.47, 1.02, 0.50], "tie"),  # one round the other way: not agreed
-     ([0.65, 0.95], "tie"),  # two rounds: both must be beyond the floor
+     ([0.65, 0.95], "loss"),  # the median beyond x1.20, neither round the other way
+     ([0.9, 0.85], "tie"),  # the same way each round, but the median within x1.20
      ([1.56, 1.40, 1.05], "gain"), ([1.56, 1.05, 1.02], "tie"), ([1.2, 1.15, 1.3], "gain"),
      ([0.6, 0.95, 0.6], "loss"), ([1.0, 1.0], "tie")],
 )  # fmt: skip
-def test_most_rounds_beyond_the_floor_and_none_the_other_way_make_a_verdict(ratios, expected):
+def test_the_median_beyond_the_bar_and_no_round_the_other_way_make_a_verdict(ratios, expected):
     assert lessons.analyzer.verdict(ratios) == expected
+    assert lessons.judge(ratios) == expected  # 04's verdict is the lab's one rule
+
+
+@pytest.mark.parametrize(
+    ("ratios", "noise", "expected"),
+    [([1.25], 1.0, "gain"), ([1.15], 1.0, "tie"), ([0.8], 1.0, "loss"),  # one round: x1.20
+     ([1.25, 1.3], 1.4, "tie"), ([1.5, 1.45], 1.4, "gain"),  # a measured noise wider than x1.20
+     ([0.75, 0.75], 1.4, "tie"), ([0.75, 0.75], 1 / 1.4, "tie"), ([0.7, 0.7], 1.4, "loss"),
+     ([1.3, float("nan"), 1.4], 1.0, "gain"), ([float("nan")], 1.0, "tie"), ([], 1.0, "tie")],
+)  # fmt: skip
+def test_the_lab_judges_every_difference_by_one_rule(ratios, noise, expected):
+    assert lessons.judge(ratios, noise=noise) == expected
+
+
+def test_the_rule_said_to_the_learner_states_the_bar_the_code_applies():
+    assert f"x{lessons.GAIN:.2f}" in lessons.NOISE_RULE
+    assert "no round points the other way" in lessons.NOISE_RULE
 
 
 def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_with_the_reason():
@@ -167,16 +185,19 @@ def test_two_instances_that_had_a_core_each_in_the_search_but_not_in_the_rounds_
     )
 
 
-def test_a_configuration_faster_in_every_round_is_a_gain_and_one_round_within_the_floor_a_tie():
-    gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.8]}), search(), "w")
+def test_a_configuration_faster_in_every_round_beyond_the_bar_is_a_gain_and_within_it_a_tie():
+    gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.2, 6.0]}), search(), "w")
     assert gain.figures["verdicts"] == {"max batch size 4": "gain"}
-    assert "faster in every round" in gain.text and "tied" not in gain.takeaway[0]
+    assert "faster in every round" in gain.text
+    assert "tied" not in gain.takeaway[0]
+    # faster in both rounds, but the median (x1.12) within x1.20: a tie
     tie = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.2]}), search(), "w")
     assert tie.figures["verdicts"] == {"max batch size 4": "tie"}
-    # two of three rounds beyond the floor, the third faster too: a gain "in most rounds"
-    most = in_rounds({"d": [5.0, 5.0, 5.0], "w": [6.0, 5.8, 5.2]})
-    most_gain = lessons.confirm_winner(most, search(), "w")
-    assert "faster in most rounds and slower in none" in most_gain.text
+    # the median beyond x1.20, one round slower: not agreed, a tie
+    split = in_rounds({"d": [5.0, 5.0, 5.0], "w": [6.5, 6.5, 4.9]})
+    assert lessons.confirm_winner(split, search(), "w").figures["verdicts"] == {
+        "max batch size 4": "tie"
+    }
 
 
 def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_execution():

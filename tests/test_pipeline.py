@@ -324,12 +324,13 @@ def rounds(setting: str, single: list[float], ensemble: list[float], clients: in
     ("single", "ensemble", "verdict"),
     [
         ([30.0, 31.0], [15.0, 16.0], "a loss"),
-        ([30.0, 31.0], [40.0, 41.0], "within the noise"),  # +32%: this host drifts more
-        ([30.0, 60.0], [45.0, 90.0], "within the noise"),  # +50% inside the single's 67% spread
+        ([30.0, 31.0], [34.0, 35.0], "within the noise"),  # +13%: under x1.20
+        ([30.0, 31.0], [45.0, 29.0], "within the noise"),  # one round the other way
+        ([30.0, 60.0], [45.0, 90.0], "a gain"),  # the host doubled its speed: both sides alike
         ([30.0, 31.0], [45.0, 47.0], "a gain"),
     ],
 )
-def test_a_comparison_is_a_gain_or_a_loss_only_beyond_the_rounds_spread(single, ensemble, verdict):
+def test_a_comparison_is_judged_by_the_labs_one_rule_on_its_rounds(single, ensemble, verdict):
     ratio, said = lesson.compare_rounds(
         rounds("one", single, ensemble), "minilm_pipeline", "minilm", 8
     )

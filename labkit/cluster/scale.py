@@ -11,7 +11,7 @@
 (2) and (3) are twins of the model (``<model>_one``, ``<model>_x<N>``), loaded on that replica
 only, beside the model the cluster serves, which is never changed. So the three can be measured
 in turns, several rounds, with no reload between them: a busier moment of a shared host then
-falls on all three, and the spread of each one's rounds says how noisy the host was. The twins
+falls on all three, and each comparison is judged round by round. The twins
 are unloaded and removed at the end.
 """
 
@@ -64,14 +64,6 @@ class ScaleOut:
     @property
     def round_count(self) -> int:
         return int(self.rounds["round"].nunique()) if self.rounds is not None else 1
-
-    def spread(self) -> float:
-        """The widest spread of one configuration's rounds at one level, as a fraction of its
-        median throughput (0 with a single round)."""
-        if self.rounds is None or self.round_count < 2:
-            return 0.0
-        by = self.rounds.groupby(["config", "concurrency"])["throughput"]
-        return float(((by.max() - by.min()) / by.median()).max())
 
     def table(self) -> pd.DataFrame:
         """Per configuration and concurrency, in words: its instances and torch threads, its

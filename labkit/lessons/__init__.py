@@ -8,9 +8,17 @@ called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
 
 from labkit.lessons.analyzer import confirm_winner, search_findings
 from labkit.lessons.batching import batching_conclusion
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, figure_text, noise_band
+from labkit.lessons.conclusion import (
+    GAIN,
+    NOISE_RULE,
+    Conclusion,
+    Ratio,
+    figure_text,
+    judge,
+    noise_band,
+)
 from labkit.lessons.inflight import inflight_conclusion
-from labkit.lessons.instances import InstancePrediction, predict_instances
+from labkit.lessons.instances import INSTANCES_ACROSS, InstancePrediction, predict_instances
 from labkit.lessons.neuron import neuron_conclusion
 from labkit.lessons.scale_out import scale_out_conclusion, scale_out_prediction, with_failover
 from labkit.lessons.search import search_conclusion
@@ -18,6 +26,8 @@ from labkit.lessons.takeaway import Takeaway, deploy_takeaway, multi_model_takea
 
 __all__ = [
     "GAIN",
+    "INSTANCES_ACROSS",
+    "NOISE_RULE",
     "Conclusion",
     "InstancePrediction",
     "Ratio",
@@ -27,6 +37,7 @@ __all__ = [
     "deploy_takeaway",
     "figure_text",
     "inflight_conclusion",
+    "judge",
     "multi_model_takeaway",
     "neuron_conclusion",
     "noise_band",

@@ -7,9 +7,8 @@ an extra instance on a CPU gains only where the thread budget leaves a core idle
 that core is really idle: the time of one execution, with more instances against one, says
 whether each instance had a core of its own. :func:`confirm_winner` reads the rounds in which the default and the
 search's best-ranked configuration of each instance count were measured again, in turns
-(:func:`labkit.profiling.analyzer.measure_rounds`), and gives one verdict per configuration: a
-gain or a loss only when most rounds are beyond :data:`NOISE_FLOOR` and none points the other
-way, else a tie. Its words
+(:func:`labkit.profiling.analyzer.measure_rounds`), and gives one verdict per configuration by
+the lab's one rule (:data:`~labkit.lessons.conclusion.NOISE_RULE`). Its words
 follow the settings the search varies, not which configuration Model Analyzer ranked first: on
 2 shared cores that pick changes from run to run, while what each setting does does not.
 
@@ -26,29 +25,26 @@ import statistics
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import Conclusion, Ratio
+from labkit.lessons.conclusion import Conclusion, Ratio, judge
 from labkit.lessons.instances import predict_instances
 
-#: A ratio measured in rounds is a gain (or a loss) only when most rounds' ratios are beyond 1 by
-#: more than this, and none is on the other side of 1: on this host a few percent is weather, and
-#: one round in three can be caught by other work on the cores.
+#: How much one execution's time, or the default's own figure, may move before the words say it
+#: moved: a description of the rounds, not a verdict (verdicts follow
+#: :data:`~labkit.lessons.conclusion.NOISE_RULE`).
 NOISE_FLOOR = 0.10
 
-#: How each verdict reads after a ratio.
+#: How each verdict reads after a ratio (a gain or a loss is, by :func:`judge`, the same way in
+#: every round).
 VERDICT_WORDS = {
-    "gain": "faster in most rounds and slower in none",
+    "gain": "faster in every round",
     "tie": "a tie, within the noise",
-    "loss": "slower in most rounds and faster in none",
+    "loss": "slower in every round",
 }
 
 
 def verdict_words(result: str, ratios: list[float]) -> str:
-    """:data:`VERDICT_WORDS` of ``result``, or "faster/slower in every round" when every
-    round measured (``ratios``) was beyond the noise floor that way."""
-    measured = [r for r in ratios if r == r]
-    every = {"gain": lambda r: r >= 1 + NOISE_FLOOR, "loss": lambda r: r <= 1 - NOISE_FLOOR}
-    if result in every and measured and all(every[result](r) for r in measured):
-        return f"{'faster' if result == 'gain' else 'slower'} in every round"
+    """:data:`VERDICT_WORDS` of ``result``; ``ratios`` are the rounds it was judged on."""
+    del ratios  # the verdict already says every round went its way
     return VERDICT_WORDS[result]
 
 
@@ -57,20 +53,14 @@ _COUNT = {2: "Two", 3: "Three", 4: "Four"}
 
 
 def verdict(ratios: list[float]) -> str:
-    """``gain``, ``tie`` or ``loss`` of per-round ratios (a configuration over the default): a
-    gain when more than half the rounds are above ``1 + NOISE_FLOOR`` and none below 1, a loss
-    when more than half are below ``1 - NOISE_FLOOR`` and none above 1, else a tie."""
+    """``gain``, ``tie`` or ``loss`` of per-round ratios (a configuration over the default), by
+    the lab's one rule (:func:`~labkit.lessons.conclusion.judge`); it needs two rounds or more."""
     ratios = [r for r in ratios if r == r]  # NaN: a side was not measured that round
     if len(ratios) < 2:
         raise ConfigError(
             f"a verdict needs two or more rounds that measured both sides, got {len(ratios)}"
         )
-    most = len(ratios) // 2 + 1
-    if sum(r >= 1 + NOISE_FLOOR for r in ratios) >= most and min(ratios) >= 1:
-        return "gain"
-    if sum(r <= 1 - NOISE_FLOOR for r in ratios) >= most and max(ratios) <= 1:
-        return "loss"
-    return "tie"
+    return judge(ratios)
 
 
 def search_findings(

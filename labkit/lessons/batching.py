@@ -25,7 +25,7 @@ import pandas as pd
 
 from labkit import proc, profiling
 from labkit.errors import ConfigError, InferenceError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
+from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, judge, unsettled
 from labkit.load import Load
 
 #: The tutorial's perf_analyzer figures: falcon-7b on an Intel i9 with an NVIDIA A6000.
@@ -241,17 +241,13 @@ def queue_delay_us(every_s: float) -> int:
     return int(round(2.5 * every_s * 1e6))
 
 
-def verdict(new: list[float], old: list[float], *, floor: float = 1.0) -> int:
-    """+1 when every ``new`` is above every ``old`` and the means differ by more than ``floor``
-    (a ratio), -1 when every ``new`` is below, else 0: a tie, within the rounds' spread."""
-    if not new or not old:
-        return 0
-    ratio = _mean(new) / _mean(old) if _mean(old) else math.inf
-    if min(new) > max(old) and ratio > floor:
-        return 1
-    if max(new) < min(old) and ratio < 1 / floor:
-        return -1
-    return 0
+def verdict(new: list[float], old: list[float]) -> int:
+    """+1, 0 or -1 (a rise, a tie, a fall) of ``new`` against ``old``, measured in alternating
+    rounds: the lab's one rule (:func:`~labkit.lessons.conclusion.judge`) on their ratios, round
+    by round."""
+    return {"gain": 1, "tie": 0, "loss": -1}[
+        judge([n / o for n, o in zip(new, old, strict=False) if o])
+    ]
 
 
 def _mean(values: list[float]) -> float:
@@ -456,7 +452,7 @@ def _delay(
     batches = {s: list(frame["batch"]) for s, frame in by.items()}
     per_request = {s: list(frame["model_ms_per_request"]) for s, frame in by.items()}
     bigger = verdict(batches[DELAY], batches[NO_DELAY])
-    cheaper = -verdict(per_request[DELAY], per_request[NO_DELAY], floor=GAIN)
+    cheaper = -verdict(per_request[DELAY], per_request[NO_DELAY])
     wait = mean[DELAY]["queue_ms"] - mean[NO_DELAY]["queue_ms"]
     delay = f"{delay_us / 1e6:.2f} s " if delay_us else ""  # as the notebook prints it
     pace = f"one every {every_s:.1f} s" if every_s else "paced"

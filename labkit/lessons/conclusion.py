@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
 
 from labkit.errors import ConfigError
 
-#: The throughput ratio below which a conclusion does not call a change a gain.
+#: The ratio a difference must pass, either way, before any lesson calls it a gain or a loss.
 GAIN = 1.2
+
+#: The lab's one rule for calling a difference, said the same way in every notebook that judges
+#: one (:func:`judge` applies it).
+NOISE_RULE = (
+    "How the lab calls a difference, in every notebook: the two sides are measured in turns "
+    "(A B A B ...), so that a host slowing down weighs on both, and each round gives one ratio. "
+    f"A difference counts as a gain or a loss only when the median of those ratios is beyond "
+    f"x{GAIN:.2f} either way (or beyond a spread this run measured between things that cannot "
+    "differ, where that is wider) and no round points the other way; anything else is a tie, "
+    "within the noise. This host's speed drifts by up to 2x within minutes, and differences "
+    "under 20% come and go between runs."
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,23 @@ class Conclusion:
     def _repr_html_(self) -> str:
         paragraphs = "".join(f"<p>{line}</p>" for line in self.text.split("\n") if line)
         return paragraphs + self.table.to_html(index=False)
+
+
+def judge(ratios: Sequence[float], *, noise: float = 1.0) -> str:
+    """``"gain"``, ``"tie"`` or ``"loss"`` of per-round ratios (new over old, more is better),
+    by :data:`NOISE_RULE`: the median beyond ``max(GAIN, noise)`` either way, and no round on
+    the other side of 1. ``noise`` (>= 1) is a spread the same run measured between things that
+    cannot differ; a side that was not measured in a round (NaN) is left out."""
+    measured = [float(r) for r in ratios if r == r and r > 0]
+    if not measured:
+        return "tie"
+    bar = max(GAIN, noise, 1 / noise if noise > 0 else math.inf)
+    middle = statistics.median(measured)
+    if middle >= bar and min(measured) > 1:
+        return "gain"
+    if middle <= 1 / bar and max(measured) < 1:
+        return "loss"
+    return "tie"
 
 
 def noise_band(runs: list[float]) -> float:

@@ -8,8 +8,8 @@ in rounds, in turns) and says three things, each with the two or three numbers i
 - what serving vLLM through Triton costs against vLLM's own server;
 - what bfloat16 does on vLLM against float32: speed and greedy agreement.
 
-A ratio is called a gain or a loss only when every round agrees beyond :data:`NOISE_FLOOR`
-(one round: beyond the lab's :data:`~labkit.lessons.conclusion.GAIN`), else within the noise.
+A ratio is called a gain or a loss by the lab's one rule
+(:data:`~labkit.lessons.conclusion.NOISE_RULE`), else within the noise.
 Beside this run's lead it states the benchmark's (``labkit bench inflight``, shipped as data with
 its date, shape and load average) and why the two can differ.
 """
@@ -19,33 +19,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio
+from labkit.lessons.conclusion import Conclusion, Ratio, judge
 from labkit.llm_serving.charts import medians, results_frame, way_name
 
 if TYPE_CHECKING:
     from labkit.llm_serving.benchmark import Benchmark
     from labkit.llm_serving.rounds import Comparison
 
-#: A ratio measured in two rounds or more is a gain (or a loss) only when every round's ratio
-#: is beyond 1 by more than this: on this host a difference of a few percent is weather.
-NOISE_FLOOR = 0.10
-
 
 def verdict(ratios: list[float]) -> str:
-    """``gain``, ``tie`` or ``loss`` of per-round ratios (new over old, more is better).
-
-    Two rounds or more: a gain when every round is above ``1 + NOISE_FLOOR``, a loss when every
-    round is below ``1 - NOISE_FLOOR``. One round: beyond :data:`GAIN` either way.
-    """
-    ratios = [r for r in ratios if r == r]  # NaN: a side was not measured
-    if not ratios:
-        return "tie"
-    high, low = (1 + NOISE_FLOOR, 1 - NOISE_FLOOR) if len(ratios) > 1 else (GAIN, 1 / GAIN)
-    if min(ratios) >= high:
-        return "gain"
-    if max(ratios) <= low:
-        return "loss"
-    return "tie"
+    """``gain``, ``tie`` or ``loss`` of per-round ratios (new over old, more is better), by the
+    lab's one rule (:func:`~labkit.lessons.conclusion.judge`)."""
+    return judge(ratios)
 
 
 def per_round(comparison: Comparison, new: str, old: str, key: str = "output_tokens_per_s"):
@@ -280,7 +265,8 @@ def _benchmark_words(
         f"measured the in-flight model at {b.output_tokens_per_s['inflight']:.1f} output tokens/s "
         f"and vLLM in Triton at {b.output_tokens_per_s['vllm']:.1f}: {b.vllm_lead:.2f}x"
     )
-    near = abs(lead.value / b.vllm_lead - 1) <= NOISE_FLOOR if lead.value == lead.value else False
+    # the same lead, as the lab's rule reads two figures: within x1.20 of each other
+    near = judge([lead.value / b.vllm_lead]) == "tie" if lead.value == lead.value else False
     if near:
         return words + ", the lead this run measured too."
     if said == "gain":

@@ -21,6 +21,20 @@ from dataclasses import dataclass
 
 from labkit.errors import ConfigError
 
+#: One paragraph, the same in notebooks 04, 07 and 08, that ties their instance figures together.
+INSTANCES_ACROSS = (
+    "Instances, the same rule in notebooks 04, 07 and 08: on a CPU a second instance brings no "
+    "new hardware, only a second copy of the model whose torch threads can use a core the first "
+    "leaves idle. The lab gives each instance its thread budget (the cores less one, shared "
+    "among the instances, at least 1), so on 2 cores one instance keeps one core busy and "
+    "leaves the other to the client, the server's own threads and any other step, which wait "
+    "most of the time while a long call runs. So a second instance gains where each call is "
+    "long and that core is idle: 07's generations of 64 tokens, 08's long texts, 04's search "
+    "on both cores. It gains less than 2x where the model already batches (each execution "
+    "then serves fewer requests), and it loses where there is no idle core at all: 04's "
+    "rounds, whose server has one core."
+)
+
 
 @dataclass(frozen=True)
 class InstancePrediction:

@@ -6,8 +6,8 @@ instance leaves idle (:func:`labkit.lessons.predict_instances`, the explanation 
 too). Then three sweeps of the same model on the same cores
 (:func:`labkit.cluster.compare_scale_out`): one server with one instance, one server with N
 instances, N replicas behind HAProxy. The words compare them at the highest concurrency all three
-measured; a ratio within :data:`GAIN` either way (or within the spread of repeated rounds, where
-that is wider) is a tie, within the noise. The takeaway says what replicas add on one host:
+measured, by the lab's one rule (:data:`~labkit.lessons.conclusion.NOISE_RULE`) on the rounds'
+ratios. The takeaway says what replicas add on one host:
 failover, measured by :func:`labkit.cluster.failover` (:func:`with_failover`).
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, unsettled
+from labkit.lessons.conclusion import Conclusion, Ratio, judge, unsettled
 from labkit.lessons.instances import InstancePrediction, predict_instances
 from labkit.repository.textgen import thread_budget, usable_cores
 from labkit.server import served_config
@@ -70,20 +70,22 @@ def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
     return float(rows.iloc[0][column]) if len(rows) else math.nan
 
 
-def verdict(ratio: Ratio, spread: float = 0.0) -> str:
-    """``gain``, ``loss`` or ``tie`` (not measured, or within :func:`tie_limit` either way)."""
-    limit = tie_limit(spread)
-    if ratio.value >= limit:
-        return "gain"
-    if ratio.value <= 1 / limit:
-        return "loss"
-    return "tie"
+def verdict(ratios: list[float] | Ratio) -> str:
+    """``gain``, ``loss`` or ``tie`` of per-round ratios (or of one :class:`Ratio`), by the lab's
+    one rule (:func:`~labkit.lessons.conclusion.judge`)."""
+    return judge([ratios.value] if isinstance(ratios, Ratio) else ratios)
 
 
-def tie_limit(spread: float = 0.0) -> float:
-    """The ratio a difference must pass to count: :data:`GAIN`, or more where the repeated
-    measurements of one configuration spread further (``spread``, a fraction of their median)."""
-    return max(GAIN, 1 + spread)
+def per_round(rounds: pd.DataFrame | None, new: str, old: str, concurrency: int) -> list[float]:
+    """``new``'s throughput over ``old``'s (``config`` names) at ``concurrency``, round by round
+    (``rounds``: every round of every configuration; empty when not given)."""
+    if rounds is None:
+        return []
+    level = rounds[rounds["concurrency"] == concurrency]
+    speed = level.pivot_table(index="round", columns="config", values="throughput")
+    if new not in speed or old not in speed:
+        return []
+    return [n / o for n, o in zip(speed[new], speed[old], strict=True) if o > 0]
 
 
 def scale_out_conclusion(
@@ -95,8 +97,7 @@ def scale_out_conclusion(
     threads: dict[str, int] | None = None,
     cores: int | None = None,
     load_average: float | None = None,
-    rounds: int = 1,
-    spread: float = 0.0,
+    rounds: pd.DataFrame | None = None,
     batch: float = 1.0,
 ) -> Conclusion:
     """One instance, ``count`` instances in one server, ``count`` replicas: what each gained,
@@ -106,10 +107,9 @@ def scale_out_conclusion(
     them); ``threads`` maps those names to the torch threads of each instance (the lone
     instance's make the prediction; 1 when not given); ``cores`` is this host's (by default, the
     cores this process may use); ``load_average`` the host's while measuring; ``batch`` the
-    requests one instance runs per execution (1: the model does not batch). ``rounds`` is how
-    many times each configuration was measured, taken in turns (the sweeps are each one's median
-    round), and ``spread`` the widest spread of one configuration's rounds, as a fraction of its
-    median: a difference within it is a tie. The lab starts every server in one session
+    requests one instance runs per execution (1: the model does not batch). ``rounds`` holds every
+    round of every configuration, measured in turns (the sweeps are each one's median round):
+    each comparison is judged on its per-round ratios; without them, on the one ratio. The lab starts every server in one session
     (:func:`labkit.proc.spawn`), so a busy host shares its cores between replicas as it would
     between one server's instances.
     """
@@ -144,18 +144,26 @@ def scale_out_conclusion(
         f"{count}_replicas_infer_s_c{c}": round(speed["replicas"], 2),
         f"{count}_replicas_against_{count}_instances": versus,
     }
+    count_rounds = int(rounds["round"].nunique()) if rounds is not None else 1
+    judged = {
+        "instances": verdict(
+            per_round(rounds, names["instances"], names["one"], c) or [gain.value]
+        ),
+        "replicas": verdict(
+            per_round(rounds, names["replicas"], names["instances"], c) or [versus.value]
+        ),
+    }
     measured = (
-        f"each the median of {rounds} rounds taken in turns; one configuration's rounds spread "
-        f"by up to {spread:.0%}, so a ratio counts only beyond x{tie_limit(spread):.2f}"
-        if rounds > 1
-        else f"a ratio counts only beyond x{tie_limit(spread):.2f}"
+        f"each the median of {count_rounds} rounds taken in turns, judged round by round"
+        if count_rounds > 1
+        else "one measurement each"
     )
     lines = [
         f"At concurrency {c} on {cores} cores: one instance served {speed['one']:.1f} "
         f"infer/s, {count} instances in one server {speed['instances']:.1f} and {count} replicas "
         f"behind HAProxy {speed['replicas']:.1f} ({measured}).",
-        _instances_line(gain, count, predicted.instances, spread, cores, load_average),
-        _replicas_line(versus, versus_p99, count, spread),
+        _instances_line(gain, count, predicted.instances, judged["instances"], cores, load_average),
+        _replicas_line(versus, versus_p99, count, judged["replicas"]),
     ]
     if load_average is not None:
         lines.insert(
@@ -165,7 +173,7 @@ def scale_out_conclusion(
     if caveat:
         lines.append(caveat)
     takeaway = (
-        _speed_sentence(speed, versus, count, cores, spread),
+        _speed_sentence(speed, versus, count, cores, judged["replicas"]),
         _mechanism_sentence(predicted.instances, cores, load_average),
         "What replicas add on one host is failover; more speed takes more cores, a second "
         "machine or one GPU per replica.",
@@ -197,12 +205,11 @@ def _instances_line(
     gain: Ratio,
     count: int,
     predicted: InstancePrediction,
-    spread: float,
+    measured: str,
     cores: int,
     load_average: float | None,
 ) -> str:
     said = f"{count} instances gave {gain} over one"
-    measured = verdict(gain, spread)
     busy = load_average is not None and load_average >= cores
     idle = "core" if predicted.busy_many - predicted.busy_one == 1 else "cores"
     if predicted.expect == "gain":
@@ -245,7 +252,7 @@ def _instances_line(
     return f"{said}, {where}, as predicted: {reason}."
 
 
-def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float) -> str:
+def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, measured: str) -> str:
     said = f"{count} replicas gave {versus} against {count} instances in one server"
     # the verdict is the throughput's; the tail latency is a figure beside it, not judged
     latency = (
@@ -264,11 +271,11 @@ def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, spread: float) 
         "replica is an instance with a server of its own around it.",
         "loss": f"{said}: less, beyond the noise: the same cores did the same work, plus a "
         "second server's threads and the balancer's hop.",
-    }[verdict(versus, spread)] + latency
+    }[measured] + latency
 
 
 def _speed_sentence(
-    speed: dict[str, float], versus: Ratio, count: int, cores: int, spread: float
+    speed: dict[str, float], versus: Ratio, count: int, cores: int, measured: str
 ) -> str:
     figures = (
         f"On {cores} cores, {count} replicas behind HAProxy served {speed['replicas']:.1f} "
@@ -284,7 +291,7 @@ def _speed_sentence(
             "noise of these rounds.",
             "loss": f": replicas gained less than instances ({versus}), paying for a second server "
             "and the balancer's hop.",
-        }[verdict(versus, spread)]
+        }[measured]
     )
 
 
