@@ -8,16 +8,21 @@ vLLM model's tensors that the frontend depends on fails here."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import stat
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from labkit.cli import main
 from labkit.errors import ConfigError, ServerError
-from labkit.repository import Repository
+from labkit.repository import Repository, parse_config
 from labkit.server import TritonServer
 from labkit.server.frontend import FRONTEND_INPUTS, frontend_models
-from labkit.settings import TOKEN_VARIABLES, TRITON_RELEASE
+from labkit.settings import DEFAULT_IMAGE, TOKEN_VARIABLES, TRITON_RELEASE
 
 SHIPPED = Path(__file__).resolve().parents[1] / "model_repository"
 VLLM_IMAGE = f"nvcr.io/nvidia/tritonserver:{TRITON_RELEASE}-vllm-python-py3"
@@ -77,6 +82,9 @@ def test_the_docker_command_runs_the_openai_frontend_for_smollm2_vllm(repo, tmp_
         "HF_HOME=/root/.cache/huggingface",
         "-v",
         f"{repo}:{REPO_IN_CONTAINER}",
+        "-v",  # its config without EXECUTION_ENV_PATH, the host's .venv-vllm
+        f"{tempfile.gettempdir()}/c1-configs/smollm2_vllm/config.pbtxt:"
+        f"{REPO_IN_CONTAINER}/smollm2_vllm/config.pbtxt:ro",
         "-v",
         f"{tmp_path / 'hf'}:/root/.cache/huggingface",
         "-v",
@@ -299,3 +307,89 @@ def test_a_model_without_the_text_output_the_frontend_reads_is_refused(tmp_path)
     repo.write_config("smollm2_vllm", config)
     with pytest.raises(ConfigError, match="the output text_output\\); none of smollm2_vllm"):
         TritonServer(repository, mode="docker", openai_port=9000, load_models=["smollm2_vllm"])
+
+
+# -- the host's virtualenv stays on the host -----------------------------------------------------
+#: A stand-in for docker (no Docker engine here): ``run`` records its arguments and the text of
+#: every config.pbtxt it was given to mount, then fails as a container that cannot start would.
+FAKE_DOCKER = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+if argv[:1] == ["run"]:
+    mounts = [argv[i + 1].split(":") for i, arg in enumerate(argv) if arg == "-v"]
+    configs = {{inside: open(host).read() for host, inside, *_ in mounts
+               if inside.endswith("/config.pbtxt")}}
+    record = {{"argv": argv, "configs": configs}}
+    open(os.environ["FAKE_DOCKER_RUN"], "w").write(json.dumps(record))
+    sys.exit("fake docker: no container engine here")
+"""
+
+
+@pytest.fixture
+def fake_docker(tmp_path, monkeypatch):
+    """A fake docker first on PATH; returns the file its ``run`` records into."""
+    program = tmp_path / "bin" / "docker"
+    program.parent.mkdir()
+    program.write_text(FAKE_DOCKER.format(python=sys.executable))
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{program.parent}{os.pathsep}{os.environ['PATH']}")
+    record = tmp_path / "run.json"
+    monkeypatch.setenv("FAKE_DOCKER_RUN", str(record))
+    monkeypatch.setattr("labkit.server.process.require_image", lambda image: None)  # no engine
+    return record
+
+
+def start_refused(server: TritonServer, record: Path) -> dict:
+    """Start ``server`` against the fake docker; what its ``run`` saw."""
+    with pytest.raises(ServerError, match="no container engine here"):
+        server.start()
+    return json.loads(record.read_text())
+
+
+@pytest.mark.parametrize("openai_port", [9000, None], ids=["openai", "tritonserver"])
+def test_docker_mode_serves_smollm2_vllm_without_the_hosts_venv_with_a_fake_docker(
+    repo, fake_docker, tmp_path, openai_port
+):
+    """The shipped config points the stub at the checkout's .venv-vllm (a CPU build of vLLM);
+    the container neither mounts it nor could run it, so it reads a copy of the config without
+    that parameter and runs the image's own vLLM. The repository's own file is not touched."""
+    shipped = (repo / "smollm2_vllm" / "config.pbtxt").read_text()
+    server = TritonServer(
+        repo,
+        mode="docker",
+        openai_port=openai_port,
+        load_models=["smollm2_vllm"],
+        image=None if openai_port else "example/triton-vllm:1",
+        http_port=0,
+        grpc_port=0,
+        log_path=tmp_path / "server.log",
+        **({} if openai_port else {"metrics_port": 0}),
+    )
+    name = server.container_name
+    seen = start_refused(server, fake_docker)
+    served = Repository(repo).config("smollm2_vllm")
+    assert "EXECUTION_ENV_PATH" in served.parameters  # the premise: the shipped config has it
+    inside = f"{REPO_IN_CONTAINER}/smollm2_vllm/config.pbtxt"
+    assert set(seen["configs"]) == {inside}  # smollm2 runs on the image's Python already
+    copy = parse_config(seen["configs"][inside])
+    assert "EXECUTION_ENV_PATH" not in copy.parameters
+    del served.parameters["EXECUTION_ENV_PATH"]
+    assert copy == served  # nothing else differs
+    assert f"{repo}:{REPO_IN_CONTAINER}" in seen["argv"]  # the rest is the live folder
+    assert (repo / "smollm2_vllm" / "config.pbtxt").read_text() == shipped
+    assert not (Path(tempfile.gettempdir()) / f"{name}-configs").exists()  # removed by stop
+
+
+def test_a_repository_without_lab_environments_mounts_no_config_copies(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    repository = tmp_path / "repo"
+    copy_config(repository, "smollm2")
+    cmd = TritonServer(repository, mode="docker", load_models=["smollm2"]).docker_command("c1")
+    assert not [a for a in cmd if a.endswith("config.pbtxt:ro")]
+
+
+def test_the_labs_image_without_vllm_is_named_when_smollm2_vllm_is_served_in_it(repo, caplog):
+    caplog.set_level("WARNING", logger="labkit.server.process")
+    server = TritonServer(repo, mode="docker", load_models=["smollm2_vllm"])
+    assert server.image == DEFAULT_IMAGE
+    assert "has no vLLM; pass image=" in caplog.text and VLLM_IMAGE in caplog.text

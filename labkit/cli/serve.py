@@ -100,6 +100,14 @@ def serve(args) -> int:
             f"metrics: {server.metrics_url}",
             flush=True,
         )
+        for model in server.container_configs():
+            if model in server.load_models or "*" in server.load_models:
+                print(
+                    f"{model} runs on the image's own Python and its packages: the container "
+                    "reads a copy of its config without EXECUTION_ENV_PATH (this checkout's "
+                    "virtualenv, which the container neither mounts nor could run)",
+                    flush=True,
+                )
         print(f"server log: {server.log_path}   (Ctrl+C to stop)", flush=True)
         stop.wait()
     print("Triton stopped.", flush=True)

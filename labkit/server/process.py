@@ -8,7 +8,9 @@ Three modes share one interface:
 - ``docker``: the tutorial's ``docker run`` of the lab's image (``labkit image build``, checked
   before each start by :func:`~labkit.server.image.require_image`), tokens passed by name only;
   with ``openai_port`` the container runs Triton's OpenAI frontend instead of ``tritonserver``
-  (:mod:`labkit.server.frontend`);
+  (:mod:`labkit.server.frontend`); a model that runs in one of the lab's own Python
+  environments (``labkit_environment``, such as ``smollm2_vllm`` in ``.venv-vllm``) is served
+  from a copy of its config without ``EXECUTION_ENV_PATH`` (:meth:`TritonServer.container_configs`);
 - ``remote``: attach to a server that runs elsewhere; start and stop never touch it.
 """
 
@@ -18,6 +20,7 @@ import atexit
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -41,7 +44,9 @@ from labkit.proc import (
     wait_group_gone,
     wait_until,
 )
+from labkit.repository import CONFIG_FILE, Repository, config_to_text
 from labkit.repository.config import check_name
+from labkit.repository.folder import ENVIRONMENT_PARAMETER, EXECUTION_ENV_PATH
 from labkit.server.frontend import OpenAIFrontend, check_port, plan_frontend
 from labkit.server.image import ngc_image, require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
@@ -90,6 +95,13 @@ class TritonServer(Child, Addresses):
     (:func:`~labkit.server.frontend.plan_frontend`); the image defaults to NGC's vLLM image
     unless ``image=`` or ``LABKIT_TRITON_IMAGE`` names another, and ``extra_args`` go to the
     frontend's ``main.py``.
+
+    In docker mode (with or without the frontend) a model whose config names a
+    ``labkit_environment`` runs on the image's own Python: its ``EXECUTION_ENV_PATH`` names a
+    virtualenv of this checkout (``.venv-vllm``, vLLM's CPU build), which the container neither
+    mounts nor could run. The container reads a copy of that model's config without the
+    parameter, mounted over the repository's own (:meth:`container_configs`); the repository
+    itself is never changed, and every other file of it stays the live folder.
     """
 
     def __init__(
@@ -146,6 +158,8 @@ class TritonServer(Child, Addresses):
         if openai_port is not None:
             self._plan_frontend(check_port(openai_port))
         self.ports = dict(self._requested_ports)
+        if self.mode == "docker" and self.image == DEFAULT_IMAGE:
+            self._warn_lab_image_lacks_environments()
         if self.mode == "remote":
             if not url:
                 raise ServerError("remote mode needs url=, for example url='http://host:8000'")
@@ -174,6 +188,19 @@ class TritonServer(Child, Addresses):
             "grpc": self._requested_ports["grpc"],
             "openai": openai_port,
         }
+
+    def _warn_lab_image_lacks_environments(self) -> None:
+        """The lab's image (``docker/Dockerfile``) has no vLLM: a model named to load that runs
+        in a lab environment would fail to load there; say which image has it."""
+        named = [m for m in self.container_configs("any") if m in self.load_models]
+        if named:
+            log.warning(
+                "%s runs on the image's own Python in docker mode, and the lab's image %s has "
+                "no vLLM; pass image=%r (or set LABKIT_TRITON_IMAGE)",
+                ", ".join(named),
+                self.image,
+                ngc_image(flavour="vllm"),
+            )
 
     # -- addresses (http_url and grpc_url come from Addresses) -----------------------------
     @property
@@ -259,6 +286,8 @@ class TritonServer(Child, Addresses):
         hf_cache = "/root/.cache/huggingface"
         cmd += ["-e", f"HF_HOME={hf_cache}"]
         cmd += ["-v", f"{self.model_repository}:{CONTAINER_REPOSITORY}"]
+        for model, copy in self.container_configs(name).items():  # over the host venv's path
+            cmd += ["-v", f"{copy}:{CONTAINER_REPOSITORY}/{model}/{CONFIG_FILE}:ro"]
         host_cache = hf_home()  # HF_HOME, else ~/.cache/huggingface: weights are downloaded once
         host_cache.mkdir(parents=True, exist_ok=True)
         cmd += ["-v", f"{host_cache.resolve()}:{hf_cache}"]
@@ -270,6 +299,37 @@ class TritonServer(Child, Addresses):
         cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
         cmd += self.cache_args(CONTAINER_CACHES)
         return cmd
+
+    def container_configs(self, name: str | None = None) -> dict[str, Path]:
+        """Model -> the file the container ``name`` (default: :attr:`container_name`) reads as
+        its ``config.pbtxt``, for each model of the repository whose config names a
+        ``labkit_environment``: the model's config without ``EXECUTION_ENV_PATH``, so its stub
+        runs on the image's own Python (and vLLM) instead of failing to find this checkout's
+        virtualenv. Written by :meth:`start`, removed by :meth:`stop`; nothing is written here."""
+        if self.mode != "docker" or not self.model_repository.is_dir():
+            return {}
+        folder = _configs_folder(name or self.container_name)
+        repo = Repository(self.model_repository)
+        return {
+            model: folder / model / CONFIG_FILE
+            for model in repo.models()
+            if _runs_in_lab_environment(repo, model)
+        }
+
+    def _write_container_configs(self) -> None:
+        """Write :meth:`container_configs` for the container about to start."""
+        repo = Repository(self.model_repository)
+        for model, copy in self.container_configs().items():
+            cfg = repo.config(model)
+            del cfg.parameters[EXECUTION_ENV_PATH]
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(config_to_text(cfg), encoding="utf-8")
+            log.info(
+                "%s runs on the image's own Python: the container reads its config without "
+                "EXECUTION_ENV_PATH (this checkout's %s environment)",
+                model,
+                cfg.parameters[ENVIRONMENT_PARAMETER].string_value,
+            )
 
     def frontend_args(self) -> list[str]:
         """The OpenAI frontend's command in the container (``python3 main.py ...``)."""
@@ -338,6 +398,8 @@ class TritonServer(Child, Addresses):
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         secrets = [env[n].encode() for n in TOKEN_VARIABLES if len(env.get(n) or "") >= 4]
         try:
+            if self.mode == "docker":
+                self._write_container_configs()
             self._process = spawn(
                 cmd,
                 cores=self.cores if self.mode == "local" else None,
@@ -348,6 +410,8 @@ class TritonServer(Child, Addresses):
             )
         except FileNotFoundError as exc:
             self._close_log()
+            if self._container:
+                shutil.rmtree(_configs_folder(self._container), ignore_errors=True)
             raise MissingDependencyError(f"cannot run {cmd[0]!r}: {exc}") from exc
         if secrets:  # a token is set: the log goes through a filter that blanks it out
             self._pump = threading.Thread(
@@ -466,6 +530,7 @@ class TritonServer(Child, Addresses):
                 timeout=self.stop_timeout_s + 10,
                 check=False,
             )
+            shutil.rmtree(_configs_folder(self._container), ignore_errors=True)
             self._container = None
             self.container_name = _new_container_name()  # --rm may still be removing this one
         regions = sorted(self._shm_regions.union(_shm_regions(process.pid)))
@@ -584,6 +649,17 @@ class TritonServer(Child, Addresses):
 
 def _new_container_name() -> str:
     return f"labkit-{uuid.uuid4().hex[:10]}"
+
+
+def _configs_folder(container: str) -> Path:
+    """Where the configs that container ``container`` reads instead of the repository's are."""
+    return Path(tempfile.gettempdir()) / f"{container}-configs"
+
+
+def _runs_in_lab_environment(repo: Repository, model: str) -> bool:
+    """Whether ``model``'s stub is pointed at one of this checkout's Python environments."""
+    parameters = repo.config(model).parameters
+    return ENVIRONMENT_PARAMETER in parameters and EXECUTION_ENV_PATH in parameters
 
 
 def _grpc_ready(address: str) -> bool:
