@@ -133,7 +133,7 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     )
     assert "cut the model's time per request from 450 to 245 ms" in text
     assert "the price was 1.9 s more waiting in the queue per request" in text
-    assert "each of its requests waited 3.25 s in the queue, the whole delay" in text
+    assert "each of its 3 requests waited 3.25 s in the queue, the whole delay" in text
     assert figures["requests_per_execution_with_queue_delay"] == 3.0
     assert figures["queue_wait_with_delay_ms"] == 1950
     assert figures["lone_client_queue_wait_ms"] == 3250
