@@ -219,3 +219,12 @@ def test_the_benchmark_record_is_made_from_a_bench_run(tmp_path):
     assert record["command"].endswith("--concurrency 8 --clients stream --no-precision")
     with pytest.raises(ConfigError, match="needs every field"):
         benchmark.of({"date": "x"})
+
+
+def test_a_lead_of_another_size_than_the_benchmarks_names_the_way_that_moved():
+    # the benchmark: 61.2 and 105.8 (x1.73); here the in-flight model fell to 40, vLLM held
+    conclusion = lessons.inflight_conclusion(full(inflight=(40.0, 41.0)), BENCH)
+    assert (
+        "Between the two, the lab's in-flight model moved more (61.2 there, 40.5 here) than vLLM "
+        "in Triton (105.8, 102.0)." in conclusion.text
+    )

@@ -83,7 +83,7 @@ def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = No
         text.append(_precision_words(m, speed, speed_verdict, agreed, comparison.host))
         takeaway.append(_precision_takeaway(speed, speed_verdict, agreed))
     if benchmark is not None:
-        text.append(_benchmark_words(benchmark, lead, lead_verdict, comparison, step_verdict))
+        text.append(_benchmark_words(benchmark, lead, lead_verdict, comparison, step_verdict, m))
     failed = sum(m[w]["failed"] for w in m)
     figures["failed_requests"] = failed
     text.append(
@@ -254,8 +254,28 @@ def _precision_takeaway(speed: Ratio, said: str, agreed: dict) -> str:
     return how + "."
 
 
+def _moved(b: Benchmark, m: dict | None) -> str:
+    """Which way's figure moved more between the benchmark and this run: the one the lead's size
+    followed."""
+    if not m or "inflight" not in m or "vllm" not in m:
+        return ""
+    then = {way: b.output_tokens_per_s[way] for way in ("inflight", "vllm")}
+    now = {way: m[way]["output_tokens_per_s"] for way in ("inflight", "vllm")}
+    moved = {way: max(now[way], then[way]) / min(now[way], then[way]) for way in now}
+    more, less = sorted(moved, key=moved.get, reverse=True)
+    return (
+        f" Between the two, {way_name(more)} moved more ({then[more]:.1f} there, {now[more]:.1f} "
+        f"here) than {way_name(less)} ({then[less]:.1f}, {now[less]:.1f})."
+    )
+
+
 def _benchmark_words(
-    b: Benchmark, lead: Ratio, said: str, comparison: Comparison, step: str = "tie"
+    b: Benchmark,
+    lead: Ratio,
+    said: str,
+    comparison: Comparison,
+    step: str = "tie",
+    m: dict | None = None,
 ) -> str:
     load = comparison.load_average[0][0] if comparison.load_average else None
     here = f" (load average {load:.1f} at this run's start)" if load is not None else ""
@@ -273,6 +293,7 @@ def _benchmark_words(
         return words + (
             f". This run measured {lead.value:.2f}x at the same shape: the lead is vLLM's in "
             f"both, and how large it comes out moves with what else the host runs{here}."
+            + _moved(b, m)
         )
     if step == "gain":
         return words + (
