@@ -228,3 +228,11 @@ def test_a_lead_of_another_size_than_the_benchmarks_names_the_way_that_moved():
         "Between the two, the lab's in-flight model moved more (61.2 there, 40.5 here) than vLLM "
         "in Triton (105.8, 102.0)." in conclusion.text
     )
+
+
+def test_the_greedy_answers_of_every_checked_float32_way_are_counted():
+    text = lessons.inflight_conclusion(full(), BENCH).text
+    assert (
+        "against the plain model's answers alone: the lab's in-flight model 8 of 8, vLLM in "
+        "Triton 8 of 8 the same (bfloat16's are counted below)." in text
+    )

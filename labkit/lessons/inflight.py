@@ -68,6 +68,8 @@ def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = No
 
     text = [_lead_words(comparison, m, lead, lead_verdict, rounds, clients, step_verdict)]
     text.append(_step_words(m, clients))
+    if same := _same_answers(comparison):
+        text.append(same)
     takeaway = [_lead_takeaway(m, lead, lead_verdict, clients, benchmark, step_verdict)]
     if "vllm-standalone" in m:
         cost = _ratio(m, "vllm", "vllm-standalone")
@@ -94,6 +96,23 @@ def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = No
         + "."
     )
     return Conclusion(results_frame(comparison), figures, "\n".join(text), tuple(takeaway))
+
+
+def _same_answers(comparison: Comparison) -> str:
+    """How many greedy float32 answers under load equalled the plain model's alone, per way that
+    was checked (vLLM's own server is measured, not checked: it serves the same engine)."""
+    parts = [
+        f"{way_name(way)} {a['equal_streaming']} of {a['compared']}"
+        for way, a in comparison.answers.items()
+        if way != "vllm_bf16" and a.get("compared")
+    ]
+    if not parts:
+        return ""
+    return (
+        "Greedy answers given 8 at a time, against the plain model's answers alone: "
+        + ", ".join(parts)
+        + " the same (bfloat16's are counted below)."
+    )
 
 
 def _ratio(m: dict, new: str, old: str) -> Ratio:
