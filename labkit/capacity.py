@@ -396,9 +396,15 @@ def plan(
             chosen.models.append(name)
             free[est.device] -= est.needed_bytes
             continue
+        planned = pool.available_bytes - left  # what the models planned before it take
         problem = (
             f"{est.describe()}, but only {left / GIB:.2f} GiB is left for it on the "
             f"{pool.device}: {pool}"
+            + (
+                f", less {planned / GIB:.2f} GiB for the models planned before it"
+                if planned
+                else ""
+            )
         )
         if strict:
             raise ConfigError(

@@ -187,6 +187,10 @@ def test_models_fill_memory_in_order_and_the_fallback_is_used_once(tmp_path):
     opt = capacity.estimate("opt125m", device="cpu", repository=tmp_path).needed_bytes
     after = [free, free - smollm2, free - smollm2, free - smollm2 - opt]
     assert list(table["free before (GiB)"]) == [round(b / GIB, 2) for b in after]
+    # the message says why less is left than the host has free: the models planned before it
+    assert f", less {(smollm2 + opt) / GIB:.2f} GiB for the models planned before it" in (
+        plan.messages[-1]
+    )
 
 
 def test_strict_plan_refuses_with_the_model_its_estimate_and_the_host(tmp_path):
