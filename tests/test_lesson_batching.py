@@ -137,7 +137,7 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     assert figures["requests_per_execution_with_queue_delay"] == 3.0
     assert figures["queue_wait_with_delay_ms"] == 1950
     assert figures["lone_client_queue_wait_ms"] == 3250
-    assert str(figures["with_queue_delay"]) == "x0.54 model time per request"
+    assert str(figures["with queue delay against without"]) == "x0.54 model time per request"
     assert conclusion.takeaway[1] == (
         "A queue delay pays only when requests arrive apart: here it made batches of 3.0 "
         "instead of 1.0, at 1.9 s more waiting per request."

@@ -106,7 +106,9 @@ def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_wit
     assert figures["verdicts"] == {"max batch size 4": "tie", "2 instances": "loss"}
     assert str(figures["2_instances_against_default"]) == "x0.63 infer/s"
     assert str(figures["max_batch_size_4_against_default"]) == "x0.98 infer/s"
-    assert str(figures["search_noise"]) == "x1.07 infer/s"  # w and d cannot differ here
+    assert (
+        str(figures["spread between configurations that cannot differ"]) == "x1.07 infer/s"
+    )  # w and d cannot differ here
     assert len(figures) <= 6
     assert conclusion.takeaway == (
         "A max batch size of 4 tied with the default's 8 (x0.97 to x1.05 over 3 rounds): 4 "

@@ -223,7 +223,7 @@ def confirm_winner(
     figures["requests_per_execution"] = round(batch, 2)
     noise = search_noise(search)
     if noise is not None:
-        figures["search_noise"] = Ratio(noise, "infer/s")
+        figures["spread between configurations that cannot differ"] = Ratio(noise, "infer/s")
     text.append(_drift(base))
     text.append(_search_against_rounds(rounds, by, default))
     last = _pick_words(winner, by, noise)

@@ -482,7 +482,7 @@ def _delay(
         0: f"; the model's time per request ({model_time}) changed within the rounds' spread",
         -1: f", yet the model's time per request rose from {model_time}",
     }[cheaper]
-    figures["with_queue_delay"] = Ratio.between(
+    figures["with queue delay against without"] = Ratio.between(
         mean[DELAY]["model_ms_per_request"],
         mean[NO_DELAY]["model_ms_per_request"],
         "model time per request",
