@@ -28,6 +28,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -705,16 +706,32 @@ FIELDS = {
 }
 
 
-def contract_reader(contract_module, built: list, context: int = 64):
+class VLLMClientError(Exception):
+    """Stands in for vLLM's own (``vllm.exceptions``, v0.32): the base of every error a request's
+    values cause, answered 4xx by vLLM's server; it is no ValueError. (The real hierarchy is
+    checked in .venv-vllm by test_vllms_request_errors_are_the_ones_the_model_answers_400.)"""
+
+
+class VLLMValidationError(VLLMClientError):
+    """Stands in for vLLM's: what each SamplingParams bound raises (temperature above 2...)."""
+
+
+class EngineGenerateError(Exception):
+    """Stands in for vLLM's: generate() raises it, without words, from any other failure."""
+
+
+def contract_reader(contract_module, built: list, context: int = 64, build=None):
     protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
 
-    def build(fields: dict) -> dict:
+    def vllm_build(fields: dict) -> dict:
         if fields.get("temperature", 0) > 2:
-            raise ValueError(f"temperature must be in [0, 2], got {fields['temperature']}")
+            raise VLLMValidationError(f"temperature must be in [0, 2], got {fields['temperature']}")
         built.append(fields)
         return SimpleNamespace(**fields)
 
-    return contract_module.ContractReader(LabReader(protocol), FIELDS, build, context)
+    return contract_module.ContractReader(
+        LabReader(protocol), FIELDS, build or vllm_build, context, (VLLMClientError,)
+    )
 
 
 def test_the_frontends_tensors_become_vllm_fields_over_the_lab_parameters(contract_module):
@@ -770,6 +787,93 @@ def test_a_bad_sampling_parameters_input_is_refused_naming_the_field(
     tensor = np.array([sampling.encode()], dtype=object)
     with pytest.raises(protocol.RequestError, match=words):
         reader.read(FakeRequest(sampling_parameters=tensor))
+
+
+@dataclass
+class StructuredOutputs:
+    """Like vLLM's StructuredOutputsParams: its own check refuses two constraints at once."""
+
+    json: str | None = None
+    regex: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.json is not None and self.regex is not None:
+            raise VLLMValidationError("You can only use one kind of structured outputs constraint")
+
+
+def test_vllms_own_field_type_refusing_a_value_is_a_400_naming_the_field(contract_module):
+    """Before, vLLM's refusal escaped the reader: not a RequestError, so not a 400."""
+    import numpy as np
+
+    reader = contract_module.ContractReader(
+        LabReader(sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]),
+        {**FIELDS, "structured_outputs": StructuredOutputs | None},
+        lambda fields: SimpleNamespace(**fields),
+        64,
+        (VLLMClientError,),
+    )
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+    both = {"structured_outputs": {"json": "{}", "regex": "a+"}}
+    tensor = np.array([json.dumps(both).encode()], dtype=object)
+    words = "vLLM refused field 'structured_outputs' of 'sampling_parameters': You can only use one"
+    with pytest.raises(protocol.RequestError, match=words):
+        reader.read(FakeRequest(sampling_parameters=tensor))
+
+
+@pytest.mark.parametrize("internal", [ValueError, TypeError, KeyError])
+def test_an_internal_error_while_building_the_params_is_not_answered_as_the_clients(
+    contract_module, internal
+):
+    """Before, any exception of the builder became a 400 "vLLM refused the request": a bug that
+    happened to raise a ValueError read as the client's mistake."""
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+
+    def broken(fields: dict):
+        raise internal("a bug in the builder")
+
+    reader = contract_reader(contract_module, [], build=broken)
+    with pytest.raises(internal, match="a bug in the builder") as raised:
+        reader.read(FakeRequest())
+    assert not isinstance(raised.value, protocol.RequestError)
+
+
+def thrown(exc: BaseException, cause: BaseException | None = None) -> BaseException:
+    """``exc`` raised (from ``cause``), so that it carries a traceback as a real failure does."""
+    try:
+        raise exc from (thrown(cause) if cause is not None else None)
+    except BaseException as caught:  # noqa: BLE001 (handed back)
+        return caught
+
+
+def test_vllms_refusal_of_a_requests_values_is_the_clients_fault(contract_module):
+    said = contract_module.failure(
+        VLLMValidationError("Invalid JSON grammar specification."), (VLLMClientError,)
+    )
+    assert said.client and said.trace == ""
+    assert said.message == "vLLM refused the request: Invalid JSON grammar specification."
+
+
+@pytest.mark.parametrize(
+    ("exc", "named"),
+    [
+        (thrown(ValueError("mm_hashes must contain only strings")), "(ValueError: mm_hashes"),
+        (thrown(TypeError("'NoneType' object is not iterable")), "(TypeError: 'NoneType' object"),
+        (  # what vLLM's generate() raises when taking a request in fails for another reason
+            thrown(EngineGenerateError(), ValueError("external_req_id should not be set")),
+            "(EngineGenerateError, caused by ValueError: external_req_id should not be set)",
+        ),
+    ],
+)
+def test_any_other_failure_is_a_server_fault_that_says_so_with_its_traceback(
+    contract_module, exc, named
+):
+    """Before, a ValueError or TypeError raised while vLLM took the request in was a 400 that
+    blamed the client; vLLM itself answers those 500 (it wraps them in EngineGenerateError)."""
+    said = contract_module.failure(exc, (VLLMClientError,))
+    assert not said.client
+    assert said.message.startswith("generation failed on the server, not because of the request")
+    assert named in said.message and "the server's log has the traceback" in said.message
+    assert said.trace.startswith("Traceback") and type(exc).__name__ in said.trace.splitlines()[-1]
 
 
 def test_a_flag_input_must_be_one_bool(contract_module):
@@ -1010,6 +1114,69 @@ def test_logprobs_and_the_cumulative_logprob_come_back_when_asked(server, expect
         chosen.append(max(float(v["logprob"]) for v in step.values()))
     assert answer["cumulative_logprob"] == pytest.approx(sum(chosen), abs=1e-3), answer
     assert expected["I am going"].startswith("I am going" + answer["text_output"])
+
+
+# -- whose fault a failure is, by vLLM's own classes (in .venv-vllm, no server, no engine) -------
+#: Runs in .venv-vllm: the model's REFUSALS against what vLLM 0.32 raises for a request's values.
+REFUSALS_SCRIPT = """
+import importlib, sys
+from types import SimpleNamespace
+sys.path[:0] = sys.argv[1:3]
+import triton_python_backend_utils as pb_utils
+engine = importlib.import_module("1.engine")
+contract = importlib.import_module("1.contract")
+from vllm import SamplingParams
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.engine.exceptions import EngineGenerateError
+seen = {}
+for name, make in [
+    ("temperature", lambda: SamplingParams(temperature=5)),
+    ("top_k", lambda: SamplingParams(top_k=-5)),
+    ("two_constraints", lambda: StructuredOutputsParams(json="{}", regex="a+")),
+]:
+    try:
+        make()
+    except Exception as exc:
+        said = contract.failure(exc, engine.REFUSALS)
+        seen[name] = (said.client, said.message)
+try:
+    raise EngineGenerateError() from ValueError("inside vLLM")
+except EngineGenerateError as exc:
+    said = contract.failure(exc, engine.REFUSALS)
+    seen["engine_generate_error"] = (said.client, said.message)
+seen["client_error_is_value_error"] = issubclass(VLLMClientError, ValueError)
+print(seen)
+"""
+
+
+@pytest.mark.integration
+def test_vllms_request_errors_are_the_ones_the_model_answers_400():
+    """The fast tests' stand-ins follow vLLM's classes; here are vLLM's own: each bound of a
+    request's values is a 400 in vLLM's words, and the error generate() wraps other failures in
+    is a 500 that names its cause."""
+    import ast
+
+    import pytriton
+
+    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
+    done = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", REFUSALS_SCRIPT, str(MODEL), str(backend)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    refused = "vLLM refused the request: "
+    assert seen["temperature"][0], seen  # the words the bad-input matrix expects:
+    assert seen["temperature"][1].startswith(refused + "temperature must be in [0, 2], got 5")
+    assert seen["top_k"][0] and "top_k must be 0 (disable), or at least 1" in seen["top_k"][1]
+    assert seen["two_constraints"][0] and "only use one kind" in seen["two_constraints"][1]
+    client, message = seen["engine_generate_error"]
+    assert not client and "EngineGenerateError, caused by ValueError: inside vLLM" in message
+    assert seen["client_error_is_value_error"] is False
 
 
 # -- the watchdog (in .venv-vllm, no server) ------------------------------------------------------

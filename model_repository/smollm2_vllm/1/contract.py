@@ -25,12 +25,22 @@ repetition_penalty, seed, return_full_text, stream), and any other scalar ``Samp
 may be a request parameter too. ``sampling_parameters`` wins over the parameters, which win over
 config.pbtxt. Every field is checked by name and type here, then by vLLM itself (a temperature
 above 2...), before the request takes a place in the engine: each refusal is a 400 that names the
-field. This module does not import vLLM: the engine passes vLLM's field types and a builder in.
+field. This module does not import vLLM: the engine passes vLLM's field types, a builder and the
+classes of vLLM's refusals in.
+
+Whose fault a failure is follows vLLM's own split (``vllm.exceptions``, v0.32): every check of a
+request's values (each SamplingParams bound, a structured-output schema that does not parse, a
+LoRA adapter it does not have) raises a ``VLLMClientError``, which vLLM's own server answers
+4xx; ``AsyncLLM.generate`` passes those on as they are and wraps anything else in
+``EngineGenerateError``, a server error. So only those (and this module's :class:`RequestError`)
+are the client's: a 400. Any other exception, a ``ValueError`` included, is a fault of the server:
+a 500 that says so, its traceback in the server's log (:func:`failure`).
 """
 
 from __future__ import annotations
 
 import json
+import traceback
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -115,8 +125,11 @@ class ContractReader:
     """Turns a Triton request into a :class:`Request`, or raises :class:`RequestError`.
 
     ``base`` is the lab's reader (prompts, the lab's parameters); ``annotations`` are vLLM's
-    ``SamplingParams`` field types; ``build(fields)`` makes vLLM's SamplingParams (its errors are
-    the client's: a 400 in vLLM's words); ``context`` is the model's context in tokens.
+    ``SamplingParams`` field types; ``build(fields)`` makes vLLM's SamplingParams; ``context`` is
+    the model's context in tokens. ``refusals`` are the exception classes vLLM raises for a
+    request's own values (``VLLMClientError``): raised by ``build`` or by one of vLLM's own field
+    types (StructuredOutputsParams), they are the client's, a 400 in vLLM's words. Anything else
+    they raise is not the request's fault and is not answered as if it were: it propagates.
     """
 
     def __init__(
@@ -125,6 +138,7 @@ class ContractReader:
         annotations: Mapping[str, object],
         build: Callable[[dict], object],
         context: int | None,
+        refusals: tuple[type[BaseException], ...],
     ) -> None:
         self.base = base
         self.annotations = {
@@ -132,6 +146,7 @@ class ContractReader:
         }
         self.build = build
         self.context = context
+        self.refusals = refusals
 
     def read(self, request) -> Request:
         raw = json.loads(request.parameters() or "{}")
@@ -160,7 +175,7 @@ class ContractReader:
         vllm_text = bool(chosen.get("stop")) or bool(chosen.get("include_stop_str_in_output"))
         try:
             params = self.build(dict(chosen, detokenize=vllm_text))
-        except Exception as exc:  # noqa: BLE001 (vLLM's validation errors are not all ValueErrors)
+        except self.refusals as exc:  # vLLM's checks of the values: a temperature above 2...
             raise RequestError(f"vLLM refused the request: {exc}") from None
         returns = Returns(**{name: bool(_flag(request, f"return_{name}")) for name in RETURNS})
         n = getattr(params, "n", 1) or 1
@@ -192,7 +207,13 @@ class ContractReader:
                 "SamplingParams field; this model takes "
                 f"{', '.join(sorted(self.annotations))}"
             )
-        return {k: check_value(where.format(k), v, self.annotations[k]) for k, v in values.items()}
+        checked = {}
+        for k, v in values.items():
+            try:
+                checked[k] = check_value(where.format(k), v, self.annotations[k])
+            except self.refusals as exc:  # vLLM's own field type checked it (two schemas...)
+                raise RequestError(f"vLLM refused {where.format(k)}: {exc}") from None
+        return checked
 
     def _check_context(self, prompts: Prompts, max_tokens: object) -> None:
         if not self.context or not isinstance(max_tokens, int):
@@ -204,6 +225,42 @@ class ContractReader:
                     f"exceeds the model's context of {self.context} tokens; shorten the prompt "
                     "or lower max_tokens"
                 )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a request that failed in vLLM is answered: ``client`` (its own values: a 400 in
+    vLLM's words) or not (a fault of the server: a 500 that says so, logged with ``trace``)."""
+
+    message: str
+    client: bool
+    trace: str = ""
+
+
+def failure(exc: BaseException, refusals: tuple[type[BaseException], ...]) -> Failure:
+    """The answer to a request whose generation raised ``exc``; ``refusals`` are vLLM's classes
+    for a request's own values (``VLLMClientError``). Anything else, a ``ValueError`` or a
+    ``TypeError`` included, is the server's fault: a bug, an engine that failed."""
+    if isinstance(exc, refusals):
+        return Failure(f"vLLM refused the request: {exc}", client=True)
+    return Failure(
+        f"generation failed on the server, not because of the request ({_named(exc)}); the "
+        "server's log has the traceback",
+        client=False,
+        trace="".join(traceback.format_exception(exc)).rstrip(),
+    )
+
+
+def _named(exc: BaseException) -> str:
+    """``Type: words`` of ``exc`` and of what caused it: vLLM's ``generate()`` raises an
+    ``EngineGenerateError`` without words from the exception that made it fail."""
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 4:
+        words = str(seen)
+        parts.append(f"{type(seen).__name__}: {words}" if words else type(seen).__name__)
+        seen = seen.__cause__
+    return ", caused by ".join(parts)
 
 
 def parse_sampling_parameters(text: str) -> dict:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import triton_python_backend_utils as pb_utils
 
-from .contract import Answer, Request, response
+from .contract import Answer, Request, failure, response
 from .decoupled import FINAL
 from .detokenize import IncrementalText
 from .protocol import busy_response, cancelled_response, error_response
@@ -72,8 +72,9 @@ CHECK_S = 0.05  # how often the clients are asked whether they went away, and th
 LOG_EVERY_S = 10.0  # a watchdog pass that keeps failing is logged at most this often
 
 
-class RequestRefused(Exception):
-    """vLLM refused a request as it took it in: answered 400 with vLLM's words."""
+#: What vLLM raises for a request's own values (each SamplingParams bound, a schema that does not
+#: parse, an unknown LoRA adapter): a 400. Anything else is the server's fault (contract.failure).
+REFUSALS = (VLLMClientError,)
 
 
 @dataclass(frozen=True)
@@ -318,17 +319,17 @@ class VllmEngine:
             await self._cancelled(job, rows)
         except EngineDeadError as exc:
             self._crashed(exc)
-        except RequestRefused as exc:
-            self._finish(job, error_response(str(exc)))
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
             if not job.finished and job.sender.is_cancelled():  # a send to a gone client
                 await self._cancelled(job, rows)
                 return
+            said = failure(exc, REFUSALS)
+            if said.client:  # vLLM refused the request's own values as it took it in
+                self._finish(job, error_response(said.message))
+                return
             self.stats["failed"] += 1
-            pb_utils.Logger.log_error(f"{self.name}: generation failed: {exc!r}")
-            self._finish(
-                job, error_response(f"generation failed: {exc}", pb_utils.TritonError.INTERNAL)
-            )
+            pb_utils.Logger.log_error(f"{self.name}: {said.message}:\n{said.trace}")
+            self._finish(job, error_response(said.message, pb_utils.TritonError.INTERNAL))
         finally:
             await _cancel(rows)
 
@@ -348,10 +349,8 @@ class VllmEngine:
     async def _row(self, job: Job, index: int, ids: list[int], updates) -> None:
         """Feed one prompt's answers' steps (all n of them) to the request's task."""
         params, n = job.request.params, job.request.n
-        answered = False  # vLLM has taken the request in: an output came
         try:
             async for out in self.llm.generate({"prompt_token_ids": ids}, params, job.ids[index]):
-                answered = True
                 for o in out.outputs:  # with n > 1, vLLM reports one completion at a time
                     logprobs = None if o.logprobs is None else list(o.logprobs)
                     step = Step(
@@ -367,11 +366,7 @@ class VllmEngine:
                     updates.put_nowait((None, None))
         except asyncio.CancelledError:
             raise
-        except (VLLMClientError, ValueError, TypeError) as exc:  # vLLM's checks as it takes
-            # the request in (a JSON schema that does not parse, ...): the client's mistake, a 400
-            refused = RequestRefused(f"vLLM refused the request: {exc}")
-            updates.put_nowait((None, exc if answered else refused))
-        except Exception as exc:  # noqa: BLE001 (handed to the request's task)
+        except Exception as exc:  # noqa: BLE001 (handed to the request's task, which answers it)
             updates.put_nowait((None, exc))
 
     def _advance(self, job: Job, step: Step) -> None:

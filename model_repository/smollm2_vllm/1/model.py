@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import triton_python_backend_utils as pb_utils
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-from .contract import ContractReader
+from .contract import ContractReader, failure
 from .decoupled import FINAL
 from .loading import context_length, end_of_sequence_ids, resolve_source
 from .protocol import (
@@ -73,7 +73,7 @@ class TritonPythonModel:
         os.environ.update(pinned)  # one engine per GPU instance, on its own GPU
         # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
         # which imports vLLM, comes in only now that the environment holds them.
-        from .engine import SAMPLING_FIELDS, EngineMetrics, VllmEngine, sampling_params
+        from .engine import REFUSALS, SAMPLING_FIELDS, EngineMetrics, VllmEngine, sampling_params
 
         weights, _ = resolve_source(options.huggingface_model, Path(args["model_repository"]))
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
@@ -88,6 +88,7 @@ class TritonPythonModel:
             SAMPLING_FIELDS,
             sampling_params,
             context,
+            REFUSALS,
         )
         self.engine = VllmEngine(
             self.name,
@@ -111,6 +112,13 @@ class TritonPythonModel:
                 prompts = self.reader.read(request)
             except RequestError as exc:
                 sender.send(error_response(str(exc)), flags=FINAL)
+                continue
+            except Exception as exc:  # noqa: BLE001 (a fault of the model: this request's alone)
+                said = failure(exc, ())
+                pb_utils.Logger.log_error(f"{self.name}: {said.message}:\n{said.trace}")
+                sender.send(
+                    error_response(said.message, pb_utils.TritonError.INTERNAL), flags=FINAL
+                )
                 continue
             self.engine.submit(sender, prompts)
         return None
