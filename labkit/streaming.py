@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from httpx_sse import connect_sse
+from httpx_sse import SSEError, connect_sse
 from tritonclient.utils import InferenceServerException
 
 from labkit.client import (
@@ -82,6 +82,31 @@ def _sse_error(body: str) -> str:
         return body.strip()
 
 
+def _pool_exhausted(url: str, model: str, timeout_s: float) -> InferenceError:
+    error = InferenceError(
+        f"no stream to model {model!r} at {url!r} was sent: for {timeout_s:g} s all "
+        f"{STREAM_CONNECTIONS} connections of this process's HTTP streaming client were held by "
+        "other streams (the server was not asked yet); stream fewer at once from one process, "
+        "finish or close the streams left open, or stream over gRPC (protocol='grpc')"
+    )
+    error.status = None
+    error.server_message = ""
+    return error
+
+
+def _not_events(url: str, model: str, exc: Exception) -> InferenceError:
+    error = InferenceError(
+        f"the answer of {url!r} to a stream of model {model!r} is not Triton's server-sent "
+        f"events ({exc}); is {url!r} a Triton server's HTTP address?"
+    )
+    error.status = None
+    error.server_message = str(exc)
+    return error
+
+
+#: Streams of one process open at once over HTTP: httpx's own default pool limit, named. A
+#: stream past it waits for one to end, for at most its ``timeout_s``.
+STREAM_CONNECTIONS = 100
 _SESSION: httpx.Client | None = None
 _SESSION_LOCK = threading.Lock()
 
@@ -92,7 +117,8 @@ def _session() -> httpx.Client:
     global _SESSION
     with _SESSION_LOCK:
         if _SESSION is None:
-            _SESSION = httpx.Client()
+            limits = httpx.Limits(max_connections=STREAM_CONNECTIONS, max_keepalive_connections=20)
+            _SESSION = httpx.Client(limits=limits)  # httpx's defaults, the pool's size named
         return _SESSION
 
 
@@ -121,15 +147,19 @@ def _http_responses(
                 text = answer.read().decode("utf-8", "replace")
                 raise _refused(model, answer.status_code, _sse_error(text))
             for sse in source.iter_sse():
-                event = json.loads(sse.data)
+                event = _event(sse.data)
                 if "error" in event:
                     raise _refused(model, "in stream", str(event["error"]))
                 piece = event.get(OUTPUT_NAME, "")
                 if isinstance(piece, list):  # a request of several prompts
                     piece = "\n".join(map(str, piece))
                 yield Response(str(piece), time.perf_counter() - started)
+    except httpx.PoolTimeout:  # a TimeoutException, but the server was never asked
+        raise _pool_exhausted(url, model, timeout_s) from None
     except httpx.TimeoutException:
         raise _timed_out(url, model, timeout_s) from None
+    except SSEError as exc:  # a TransportError, but the server answered: caught before those
+        raise _not_events(url, model, exc) from None
     except httpx.RemoteProtocolError as exc:
         if "complete message body" not in str(exc):  # not a body cut off: no answer
             raise _unreachable(url, exc) from None
@@ -139,6 +169,17 @@ def _http_responses(
         ) from None
     except httpx.TransportError as exc:
         raise _unreachable(url, exc) from None
+
+
+def _event(data: str) -> dict:
+    """One server-sent event's JSON object; :class:`SSEError` names what came instead."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise SSEError(f"an event's data is not JSON: {data[:200]!r}") from None
+    if not isinstance(event, dict):
+        raise SSEError(f"an event's data is not a JSON object: {data[:200]!r}")
+    return event
 
 
 def _grpc_responses(

@@ -12,6 +12,8 @@ import shlex
 import shutil
 import socket
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,94 @@ def test_streaming_model_is_the_same_code_and_weights_as_smollm2_but_decoupled()
     )
     assert dict(stream.parameters) == dict(plain.parameters)
     assert stream.parameters["labkit_weights"].string_value == "smollm2"
+
+
+# -- what an HTTP stream gets that is not Triton's events, and a full pool (no Triton) ----------
+class WrongAnswers(BaseHTTPRequestHandler):
+    """A local HTTP server that answers ``/generate_stream`` as Triton never does, by model name:
+    ``json`` with a JSON body, ``garbled`` with an event whose data is not JSON, ``held`` with
+    one event and then nothing until the test releases it (what a long generation looks like)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        model = self.path.split("/")[3]
+        kind = "application/json" if model == "json" else "text/event-stream"
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.end_headers()
+        if model == "json":
+            self.wfile.write(b'{"text_output": "Hi"}')
+        elif model == "garbled":
+            self.wfile.write(b'data: {"text_output": "Hi"}\n\ndata: {text_output: Hi\n\n')
+        else:
+            self.wfile.write(b'data: {"text_output": "Hi"}\n\n')
+            self.wfile.flush()
+            self.server.release.wait(5)
+            self.wfile.write(b'data: {"text_output": "!"}\n\n')
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def wrong_server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), WrongAnswers)
+    httpd.daemon_threads = True
+    httpd.release = threading.Event()
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield httpd
+    finally:
+        httpd.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+def address(httpd) -> str:
+    return f"127.0.0.1:{httpd.server_address[1]}"
+
+
+def test_an_answer_that_is_not_server_sent_events_is_named_not_called_unreachable(wrong_server):
+    """Before, httpx-sse's SSEError (a TransportError) read "cannot reach Triton"."""
+    url = address(wrong_server)
+    with pytest.raises(InferenceError, match="is not Triton's server-sent events") as err:
+        list(streaming.stream(url, "json", "Hi", timeout_s=5))
+    assert "got 'application/json'" in str(err.value) and "cannot reach" not in str(err.value)
+    assert f"is {url!r} a Triton server's HTTP address?" in str(err.value)
+
+
+def test_an_event_whose_data_is_not_json_is_an_inference_error_that_quotes_it(wrong_server):
+    """Before, json.loads' own JSONDecodeError came out of the stream."""
+    pieces = streaming.stream(address(wrong_server), "garbled", "Hi", timeout_s=5)
+    assert next(pieces) == "Hi"
+    with pytest.raises(InferenceError, match=r"an event's data is not JSON: '\{text_output: Hi'"):
+        next(pieces)
+
+
+def test_a_stream_that_waits_for_a_pooled_connection_is_not_called_silent(
+    wrong_server, monkeypatch
+):
+    """Before, httpx's PoolTimeout (a TimeoutException) read "sent nothing for 0.3 s", blaming
+    the server, which was never asked. Here the pool holds one connection; the lab's holds
+    STREAM_CONNECTIONS (100, httpx's default)."""
+    monkeypatch.setattr(streaming, "STREAM_CONNECTIONS", 1)
+    monkeypatch.setattr(streaming, "_SESSION", None)  # the next stream makes a 1-connection one
+    url = address(wrong_server)
+    held = streaming.stream(url, "held", "Hi", timeout_s=5)
+    try:
+        assert next(held) == "Hi"
+        with pytest.raises(InferenceError, match="no stream to model 'json'") as err:
+            list(streaming.stream(url, "json", "Hi", timeout_s=0.3))
+        said = str(err.value)
+        assert "all 1 connections of this process's HTTP streaming client" in said
+        assert "the server was not asked yet" in said and "sent nothing" not in said
+        wrong_server.release.set()
+        assert list(held) == ["!"]  # the held stream ends as it should
+    finally:
+        held.close()
+        streaming._session().close()
 
 
 BYTES = {i: bytes([i]) for i in range(256)} | {256: b" caf", 257: b"\xc3\xa9", 258: b"\xf0\x9f"}
