@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import stat
 import sys
 import tempfile
@@ -378,6 +379,48 @@ def test_docker_mode_serves_smollm2_vllm_without_the_hosts_venv_with_a_fake_dock
     assert f"{repo}:{REPO_IN_CONTAINER}" in seen["argv"]  # the rest is the live folder
     assert (repo / "smollm2_vllm" / "config.pbtxt").read_text() == shipped
     assert not (Path(tempfile.gettempdir()) / f"{name}-configs").exists()  # removed by stop
+
+
+class LoadRecorder:
+    """Stands in for the HTTP client of a container that cannot run here (no Docker engine):
+    what the container's config copy said when each load was asked."""
+
+    def __init__(self, copy: Path) -> None:
+        self.copy, self.loads = copy, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def load_model(self, name: str, config=None) -> None:
+        self.loads.append((name, parse_config(self.copy.read_text())))
+
+
+def test_a_reload_in_docker_mode_sees_the_edited_config_without_the_hosts_venv_with_a_fake_client(
+    repo, monkeypatch
+):
+    """The container reads the copy through a bind mount of the file itself: a reload must find
+    the repository's edit there, in the same file."""
+    server = TritonServer(repo, mode="docker", load_models=["smollm2_vllm"], image="x/y:1")
+    copy = server.container_configs()["smollm2_vllm"]
+    try:
+        server._write_container_configs()  # what start() writes before docker run
+        inode = copy.stat().st_ino
+        edited = Repository(repo).config("smollm2_vllm")
+        edited.parameters["max_tokens"].string_value = "32"
+        Repository(repo).write_config("smollm2_vllm", edited)
+        recorder = LoadRecorder(copy)
+        monkeypatch.setattr(server, "client", lambda: recorder)
+        monkeypatch.setattr(TritonServer, "running", property(lambda self: True))  # a container
+        server.load_model("smollm2_vllm")
+        ((name, seen),) = recorder.loads
+        assert name == "smollm2_vllm" and seen.parameters["max_tokens"].string_value == "32"
+        assert "EXECUTION_ENV_PATH" not in seen.parameters
+        assert copy.stat().st_ino == inode  # rewritten in place, so the mount still shows it
+    finally:
+        shutil.rmtree(copy.parents[1], ignore_errors=True)
 
 
 def test_a_repository_without_lab_environments_mounts_no_config_copies(tmp_path, monkeypatch):

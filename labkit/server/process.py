@@ -305,7 +305,8 @@ class TritonServer(Child, Addresses):
         its ``config.pbtxt``, for each model of the repository whose config names a
         ``labkit_environment``: the model's config without ``EXECUTION_ENV_PATH``, so its stub
         runs on the image's own Python (and vLLM) instead of failing to find this checkout's
-        virtualenv. Written by :meth:`start`, removed by :meth:`stop`; nothing is written here."""
+        virtualenv. Written by :meth:`start`, rewritten by :meth:`load_model` (a reload sees the
+        repository's edits), removed by :meth:`stop`; nothing is written here."""
         if self.mode != "docker" or not self.model_repository.is_dir():
             return {}
         folder = _configs_folder(name or self.container_name)
@@ -316,20 +317,20 @@ class TritonServer(Child, Addresses):
             if _runs_in_lab_environment(repo, model)
         }
 
-    def _write_container_configs(self) -> None:
-        """Write :meth:`container_configs` for the container about to start."""
+    def _write_container_configs(self) -> list[str]:
+        """Write :meth:`container_configs` from the repository's configs as they are now, for
+        the container about to start or running. A file is rewritten in place: a bind mount
+        holds the file itself, so a new file would not reach the container."""
         repo = Repository(self.model_repository)
+        written = []
         for model, copy in self.container_configs().items():
             cfg = repo.config(model)
             del cfg.parameters[EXECUTION_ENV_PATH]
             copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_text(config_to_text(cfg), encoding="utf-8")
-            log.info(
-                "%s runs on the image's own Python: the container reads its config without "
-                "EXECUTION_ENV_PATH (this checkout's %s environment)",
-                model,
-                cfg.parameters[ENVIRONMENT_PARAMETER].string_value,
-            )
+            with open(copy, "w", encoding="utf-8") as file:  # same inode: see above
+                file.write(config_to_text(cfg))
+            written.append(model)
+        return written
 
     def frontend_args(self) -> list[str]:
         """The OpenAI frontend's command in the container (``python3 main.py ...``)."""
@@ -399,7 +400,12 @@ class TritonServer(Child, Addresses):
         secrets = [env[n].encode() for n in TOKEN_VARIABLES if len(env.get(n) or "") >= 4]
         try:
             if self.mode == "docker":
-                self._write_container_configs()
+                for model in self._write_container_configs():
+                    log.info(
+                        "%s runs on the image's own Python: the container reads its config "
+                        "without EXECUTION_ENV_PATH (a virtualenv of this checkout)",
+                        model,
+                    )
             self._process = spawn(
                 cmd,
                 cores=self.cores if self.mode == "local" else None,
@@ -609,7 +615,8 @@ class TritonServer(Child, Addresses):
 
     def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) ``name``; raises with Triton's reason when it fails."""
-
+        if self.mode == "docker" and self.running:  # the container reads copies of some configs
+            self._write_container_configs()  # with the edits made since: a reload sees them
         try:
             with self.client() as client:
                 client.load_model(check_name(name), config=config)
