@@ -10,12 +10,15 @@
 - :mod:`.study`: :func:`run`, the benchmark's whole study in one call, and its :class:`StudyResult`;
 - :mod:`.rounds`: :func:`compare`, notebook 06's comparison: every way up at once, measured in
   rounds, and its :class:`Comparison`;
+- :mod:`.apis`: one request through the ``openai`` client to vLLM's own server and through
+  Triton's ``/generate`` to vLLM in Triton: text, finish reason, token counts;
 - :mod:`.benchmark`: the benchmark's own measured figure, shipped as data with its provenance;
 - :mod:`.source`: the in-flight engine's code as a learner reads it;
 - :mod:`.charts`: notebook 06's table and charts.
 """
 
-from . import benchmark
+from . import apis, benchmark
+from .apis import apis_frame
 from .charts import precision_figure, results_frame, rounds_figure, timeline_figure
 from .figures import TARGETS, ratios, targets
 from .gpu import GpuVllm, write_gpu_configs
@@ -34,6 +37,8 @@ __all__ = [
     "Headline",
     "StudyResult",
     "StudySettings",
+    "apis",
+    "apis_frame",
     "benchmark",
     "compare",
     "engine_code",

@@ -28,6 +28,7 @@ from labkit.repository.textgen import serving_threads
 from labkit.runs import write_result
 from labkit.server import serving, warm_up
 
+from . import apis
 from .measure import reference_answers, row_figures, served_answers
 from .schedulers import StudySettings, workload, write_scheduler_folders
 from .standalone import SERVED_NAME, start_standalone
@@ -109,7 +110,9 @@ class CompareSettings:
 class Comparison:
     """What :func:`compare` measured: ``rows`` holds one AIPerf measurement each, with its
     ``way`` (``scheduler``) and ``round``; ``answers`` each served way's greedy answers under
-    concurrency against the plain model's alone (``equal_streaming``, ``compared``, ...)."""
+    concurrency against the plain model's alone (``equal_streaming``, ``compared``, ...); ``apis``
+    one request to vLLM's own server with the ``openai`` client and the same to vLLM in Triton with
+    ``/generate``, their answers, finish reasons and token counts (:func:`.apis.ask_both`)."""
 
     settings: dict
     host: dict
@@ -117,6 +120,7 @@ class Comparison:
     rows: list[dict] = field(default_factory=list)
     answers: dict = field(default_factory=dict)
     load_average: list[list[float]] = field(default_factory=list)  # at the start of each round
+    apis: list[dict] = field(default_factory=list)  # one request each way (apis.ask_both)
     wall_s: float | None = None
 
     def way_rows(self, way: str) -> list[dict]:
@@ -143,7 +147,9 @@ def compare(
     float32 model's settings, on the same cores. Each model is warmed up, each served way's
     answers under concurrency are checked against the plain model's answers alone, then each
     round measures every way with AIPerf (``concurrency`` streaming clients, ``requests``
-    requests of ``low..high`` new tokens), in the opposite order to the round before.
+    requests of ``low..high`` new tokens), in the opposite order to the round before. Then, both
+    servers still up, one request goes to vLLM's own server through the ``openai`` client and the
+    same to vLLM in Triton through ``/generate`` (``Comparison.apis``; a failure is kept as text).
 
     ``source`` (default: the lab's ``model_repository/``) is copied into the run folder first.
     """
@@ -190,6 +196,11 @@ def compare(
                 tokenizer = profiling.model_weights(repo.path, names["vllm"][True])
                 targets["vllm-standalone"] = (standalone, SERVED_NAME, tokenizer)
             result.rows = _rounds(run_dir, targets, w, s, client_cores, result, progress)
+            # One request each way while both servers are up (never raises: the rounds stay)
+            result.apis = apis.ask_both(
+                standalone.url if standalone is not None else None, SERVED_NAME,
+                server.http_url if "vllm" in served else None, names.get("vllm", {}).get(True, ""),
+            )  # fmt: skip
         finally:
             if own is not None:
                 with contextlib.suppress(Exception):  # a server that never started has no stop
