@@ -47,6 +47,9 @@ from .detokenize import IncrementalText
 from .protocol import busy_response, cancelled_response, error_response
 from .vllm_settings import EngineOptions, engine_arguments, queue_limit
 
+if typing.TYPE_CHECKING:
+    from .metrics import EngineMetrics
+
 # The stub's embedded Python starts in the C locale: torch's inductor (imported by vLLM) then
 # fails to read its own templates. Before vLLM is imported, take the environment's locale.
 with contextlib.suppress(locale.Error):
@@ -59,7 +62,6 @@ try:
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
-    from vllm.v1.metrics.loggers import StatLoggerBase
 except ImportError as exc:
     raise ImportError(
         f"this model needs vLLM, which the server's Python environment lacks ({exc}); it runs "
@@ -514,56 +516,6 @@ class VllmEngine:
             f"{self.name}: vLLM engine {what}: {s['answered']} answered, {s['tokens']} tokens, "
             f"{s['cancelled']} cancelled, {s['busy']} refused busy, {s['failed']} failed"
         )
-
-
-# -- Triton metrics -------------------------------------------------------------------------------
-class EngineMetrics:
-    """vLLM's scheduler counters as Triton custom metrics (``/metrics``), labelled by model."""
-
-    FAMILIES = {
-        "running": ("vllm_num_requests_running", "Sequences the vLLM engine is generating"),
-        "waiting": ("vllm_num_requests_waiting", "Sequences waiting in the vLLM engine"),
-        "kv_cache": ("vllm_kv_cache_usage_perc", "Share of the vLLM KV cache in use (0..1)"),
-    }
-
-    def __init__(self, model: str) -> None:
-        gauge = pb_utils.MetricFamily.GAUGE
-        self.families = [pb_utils.MetricFamily(n, d, gauge) for n, d in self.FAMILIES.values()]
-        labels = {"model": model}
-        self.gauges = dict(
-            zip(self.FAMILIES, (f.Metric(labels=labels) for f in self.families), strict=True)
-        )
-        self.aborted_family = pb_utils.MetricFamily(
-            "vllm_requests_aborted_total",
-            "Requests aborted in the vLLM engine because their client went away",
-            pb_utils.MetricFamily.COUNTER,
-        )
-        self.aborted = self.aborted_family.Metric(labels=labels)
-
-    def update(self, running: int, waiting: int, kv_cache: float) -> None:
-        self.gauges["running"].set(running)
-        self.gauges["waiting"].set(waiting)
-        self.gauges["kv_cache"].set(kv_cache)
-
-    def logger_factory(self):
-        metrics = self
-
-        class TritonStatLogger(StatLoggerBase):
-            def __init__(self, vllm_config, engine_index: int = 0) -> None:
-                self.engine_index = engine_index
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-                if scheduler_stats is not None:
-                    metrics.update(
-                        scheduler_stats.num_running_reqs,
-                        scheduler_stats.num_waiting_reqs,
-                        scheduler_stats.kv_cache_usage,
-                    )
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return TritonStatLogger
 
 
 # -- helpers --------------------------------------------------------------------------------------

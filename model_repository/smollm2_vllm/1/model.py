@@ -73,7 +73,8 @@ class TritonPythonModel:
         os.environ.update(pinned)  # one engine per GPU instance, on its own GPU
         # vLLM reads some of its variables when it is imported (vllm.envs), so the engine module,
         # which imports vLLM, comes in only now that the environment holds them.
-        from .engine import REFUSALS, SAMPLING_FIELDS, EngineMetrics, VllmEngine, sampling_params
+        from .engine import REFUSALS, SAMPLING_FIELDS, VllmEngine, sampling_params
+        from .metrics import EngineMetrics
 
         weights, _ = resolve_source(options.huggingface_model, Path(args["model_repository"]))
         self.tokenizer = AutoTokenizer.from_pretrained(weights)
