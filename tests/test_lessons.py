@@ -288,3 +288,23 @@ def test_a_pick_that_led_beyond_the_search_noise_is_not_called_noise():
         "x1.07 ahead of the default, beyond the x1.01 between configurations that cannot differ "
         "here: a search's pick holds"
     )
+
+
+def test_the_rule_reads_the_median_as_the_learner_does_to_two_decimals():
+    # 1.26, 1.198, 1.02: shown as x1.20, so judged as x1.20, not a tie beside it
+    assert lessons.judge([1.26, 1.198, 1.02]) == "gain"
+    assert lessons.judge([1.26, 1.194, 1.02]) == "tie"  # shown as x1.19
+    assert lessons.judge([0.7, 0.834, 0.9]) == "loss"  # shown as x0.83
+
+
+def test_a_max_batch_size_that_cannot_matter_yet_gains_is_explained_by_its_batches():
+    rounds = in_rounds(
+        {"d": [6.99, 6.82, 7.16], "w": [8.79, 8.18, 7.33]}, batch={"w": 2.6, "d": 2.0}
+    )
+    conclusion = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
+    assert conclusion.figures["verdicts"] == {"max batch size 4": "gain"}
+    assert "so the limit did not cause it: its executions carried 2.6 requests each against the " \
+        "default's 2.0" in conclusion.text  # fmt: skip
+    assert conclusion.takeaway[0].endswith("its executions carried 2.6 requests against 2.0.")
+    same = in_rounds({"d": [6.99, 6.82, 7.16], "w": [8.79, 8.18, 7.33]}, batch={"w": 2.0, "d": 2.0})
+    assert "measure it again" in lessons.confirm_winner(same, search(), "w").text

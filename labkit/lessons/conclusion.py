@@ -19,9 +19,10 @@ GAIN = 1.2
 NOISE_RULE = (
     "How the lab calls a difference, in every notebook: the two sides are measured in turns "
     "(A B A B ...), so that a host slowing down weighs on both, and each round gives one ratio. "
-    f"A difference counts as a gain or a loss only when the median of those ratios is beyond "
-    f"x{GAIN:.2f} either way (or beyond a spread this run measured between things that cannot "
-    "differ, where that is wider) and no round points the other way; anything else is a tie, "
+    "A difference counts as a gain or a loss only when the median of those ratios is "
+    f"x{GAIN:.2f} or more, or x{1 / GAIN:.2f} or less (or beyond a spread this run measured "
+    "between things that cannot differ, where that is wider), and no round points the other "
+    "way; anything else is a tie, "
     "within the noise. This host's speed drifts by up to 2x within minutes, and differences "
     "under 20% come and go between runs."
 )
@@ -91,10 +92,11 @@ def judge(ratios: Sequence[float], *, noise: float = 1.0) -> str:
     if not measured:
         return "tie"
     bar = max(GAIN, noise, 1 / noise if noise > 0 else math.inf)
-    middle = statistics.median(measured)
-    if middle >= bar and min(measured) > 1:
+    # compared as the learner reads them, to two decimals: a median shown as x1.20 is not a tie
+    middle = round(statistics.median(measured), 2)
+    if middle >= round(bar, 2) and min(measured) > 1:
         return "gain"
-    if middle <= 1 / bar and max(measured) < 1:
+    if middle <= round(1 / bar, 2) and max(measured) < 1:
         return "loss"
     return "tie"
 
