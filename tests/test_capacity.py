@@ -188,8 +188,9 @@ def test_models_fill_memory_in_order_and_the_fallback_is_used_once(tmp_path):
     after = [free, free - smollm2, free - smollm2, free - smollm2 - opt]
     assert list(table["free before (GiB)"]) == [round(b / GIB, 2) for b in after]
     # the message says why less is left than the host has free: the models planned before it
-    assert f", less {(smollm2 + opt) / GIB:.2f} GiB for the models planned before it" in (
-        plan.messages[-1]
+    assert (
+        f", less {(smollm2 + opt) / GIB:.2f} GiB for the models planned before it"
+        in (plan.messages[-1])
     )
 
 
