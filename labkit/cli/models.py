@@ -1,4 +1,4 @@
-"""``labkit models list|show|edit|add|remove``, ``labkit prepare`` and ``labkit catalog``."""
+"""``labkit models list|show|edit|add|remove|lora``, ``labkit prepare`` and ``labkit catalog``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 from labkit.capacity import estimate
 from labkit.errors import ConfigError
 from labkit.repository import KINDS, Repository, catalog, config_to_text, prepare_repository
+from labkit.repository.lora import serve_adapters
 from labkit.server import TritonServer, index, reload
 
 
@@ -58,6 +59,15 @@ def register(sub) -> None:
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     p = verb("remove", "delete a model folder", remove_model)
     p.add_argument("name")
+    p = verb("lora", "make a vLLM model serve LoRA adapters, built offline with peft", serve_lora)
+    p.add_argument("name", help="a vLLM model of the repository, e.g. smollm2_vllm")
+    p.add_argument(
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="NAME=BUILDER",
+        help="an adapter requests call NAME, made by BUILDER (default: demo=smollm2-lora)",
+    )
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -138,6 +148,26 @@ def add_model(args) -> int:
 def remove_model(args) -> int:
     Repository(args.model_repository).remove(args.name)
     print(f"removed {args.name}")
+    return 0
+
+
+def serve_lora(args) -> int:
+    adapters = {}
+    for pair in args.adapter:
+        name, sep, builder = pair.partition("=")
+        if not sep or not name or not builder:
+            raise ConfigError(
+                f"--adapter {pair!r} is not NAME=BUILDER; write e.g. demo=smollm2-lora"
+            )
+        adapters[name] = builder
+    built = serve_adapters(args.model_repository, args.name, adapters or None)
+    for name, folder in built.items():
+        print(f"{args.name} serves LoRA adapter {name!r}: {folder}")
+    first = next(iter(built))
+    print(
+        f'ask it with the request parameter "lora_name": "{first}" (or in sampling_parameters); '
+        "load or reload the model for the change to take effect"
+    )
     return 0
 
 

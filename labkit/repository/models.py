@@ -174,8 +174,14 @@ def build_weights(name: str) -> Path:
     """The folder of builder ``name``'s checkpoint, built first if needed (once, atomically)."""
     if name not in BUILDERS:
         raise ConfigError(f"unknown offline model {name!r}; use one of {', '.join(BUILDERS)}")
-    builder = BUILDERS[name]
-    root = cache_dir() / "models"
+    return build_once(BUILDERS[name], "models")
+
+
+def build_once(builder: Builder, kind: str) -> Path:
+    """The folder ``cache_dir()/<kind>/<builder.directory>``, built by ``builder`` first if it
+    is not there (once, atomically: safe when two processes race)."""
+    name = builder.name
+    root = cache_dir() / kind
     target = root / builder.directory
     if (target / MARKER).is_file():
         return target
