@@ -20,6 +20,11 @@ answer's, as the OpenAI frontend adds them up), ``cumulative_logprob`` (FP32) an
 response adds, or ``null`` when the request asked for none). With ``n`` > 1 a request of P prompts
 gets P x n answers, prompt by prompt, as a flat list.
 
+A request names a LoRA adapter the model serves with ``lora_name`` (a string), in
+``sampling_parameters`` or as a request parameter, as Triton's ``vllm_backend`` reads it; the
+model serves the adapters its config names (``lora_adapters``, ``vllm_settings.py``). A name it
+does not serve is a 400 that names it and the served ones.
+
 The lab's request parameters keep working (max_tokens, temperature, top_k, top_p,
 repetition_penalty, seed, return_full_text, stream), and any other scalar ``SamplingParams`` field
 may be a request parameter too. ``sampling_parameters`` wins over the parameters, which win over
@@ -43,7 +48,7 @@ import json
 import traceback
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
@@ -53,6 +58,7 @@ from .protocol import IGNORED_PARAMETERS, OUTPUT_NAME, Prompts, RequestError, Se
 
 SAMPLING_INPUT = "sampling_parameters"
 SAMPLING_FIELD = "field {!r} of 'sampling_parameters'"  # how a refusal names one of its fields
+LORA_FIELD = "lora_name"  # the adapter a request asks for (no SamplingParams field)
 FLAG_INPUTS = ("stream", "exclude_input_in_output")
 RETURNS = (
     "finish_reason",
@@ -97,6 +103,7 @@ class Request:
     n: int  # answers per prompt
     returns: Returns
     vllm_text: bool  # vLLM detokenizes (stop strings): its text is the answer
+    lora_name: str | None = None  # the LoRA adapter that answers it; None: the base model
 
     @property
     def answers(self) -> int:
@@ -130,6 +137,7 @@ class ContractReader:
     request's own values (``VLLMClientError``): raised by ``build`` or by one of vLLM's own field
     types (StructuredOutputsParams), they are the client's, a 400 in vLLM's words. Anything else
     they raise is not the request's fault and is not answered as if it were: it propagates.
+    ``adapters`` are the names of the LoRA adapters the model serves.
     """
 
     def __init__(
@@ -139,6 +147,7 @@ class ContractReader:
         build: Callable[[dict], object],
         context: int | None,
         refusals: tuple[type[BaseException], ...],
+        adapters: Sequence[str] = (),
     ) -> None:
         self.base = base
         self.annotations = {
@@ -147,9 +156,11 @@ class ContractReader:
         self.build = build
         self.context = context
         self.refusals = refusals
+        self.adapters = tuple(adapters)
 
     def read(self, request) -> Request:
         raw = json.loads(request.parameters() or "{}")
+        lora = raw.pop(LORA_FIELD, None)
         extra = {
             k: raw.pop(k) for k in list(raw) if k not in LAB_PARAMETERS and k in self.annotations
         }
@@ -170,7 +181,10 @@ class ContractReader:
             "seed": prompts.settings.seed,
         }
         chosen.update(self._checked(extra, "request parameter {!r}"))
-        chosen.update(self._checked(self._sampling_input(request), SAMPLING_FIELD))
+        sampling = self._sampling_input(request)
+        lora = sampling.pop(LORA_FIELD, lora)  # sampling_parameters win, as for every field
+        lora_name = self._adapter(lora)
+        chosen.update(self._checked(sampling, SAMPLING_FIELD))
         self._check_context(prompts, chosen.get("max_tokens"))
         vllm_text = bool(chosen.get("stop")) or bool(chosen.get("include_stop_str_in_output"))
         try:
@@ -179,7 +193,24 @@ class ContractReader:
             raise RequestError(f"vLLM refused the request: {exc}") from None
         returns = Returns(**{name: bool(_flag(request, f"return_{name}")) for name in RETURNS})
         n = getattr(params, "n", 1) or 1
-        return Request(prompts, params, n, returns, vllm_text)
+        return Request(prompts, params, n, returns, vllm_text, lora_name)
+
+    def _adapter(self, name: object) -> str | None:
+        """The LoRA adapter a request named (None: none), checked against the served ones."""
+        if name is None:
+            return None
+        if isinstance(name, str) and name in self.adapters:
+            return name
+        if not self.adapters:
+            served = "no LoRA adapter (its config.pbtxt names none in parameter 'lora_adapters')"
+        else:
+            served = "the LoRA adapter(s) " + ", ".join(map(repr, self.adapters))
+        what = f"unknown LoRA adapter {name!r}"
+        if not isinstance(name, str):
+            what = f"{LORA_FIELD!r} must be a string naming a LoRA adapter, got {name!r}"
+        raise RequestError(
+            f"{what}: this model serves {served}; leave {LORA_FIELD!r} out for the base model"
+        )
 
     def _sampling_input(self, request) -> dict:
         tensor = pb_utils.get_input_tensor_by_name(request, SAMPLING_INPUT)

@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import triton_python_backend_utils as pb_utils
@@ -45,7 +45,7 @@ from .contract import Answer, Request, failure, response
 from .decoupled import FINAL
 from .detokenize import IncrementalText
 from .protocol import busy_response, cancelled_response, error_response
-from .vllm_settings import EngineOptions, engine_arguments, queue_limit
+from .vllm_settings import Adapter, EngineOptions, engine_arguments, queue_limit
 
 if typing.TYPE_CHECKING:
     from .metrics import EngineMetrics
@@ -59,6 +59,7 @@ try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.exceptions import VLLMClientError
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
@@ -124,6 +125,7 @@ class VllmEngine:
         decode_ids: Callable[[list[int]], str],
         eos_ids: set[int],
         metrics: EngineMetrics,
+        adapters: Sequence[Adapter] = (),
     ) -> None:
         self.name = name
         self.options = options
@@ -132,6 +134,11 @@ class VllmEngine:
         self.decode_ids = decode_ids  # the tokenizer's decode: each streamed piece's text
         self.eos_ids = eos_ids
         self.metrics = metrics
+        self.adapters = list(adapters)
+        # vLLM's handle of each LoRA adapter, by the name requests give (ids start at 1)
+        self.loras = {
+            a.name: LoRARequest(a.name, number, a.path) for number, a in enumerate(adapters, 1)
+        }
         self.limit = queue_limit(options)
         self.failure: str | None = None
         self.stats = dict.fromkeys(
@@ -176,11 +183,16 @@ class VllmEngine:
         return time.monotonic() - started
 
     async def _start(self, warmup_ids: list[int]) -> None:
-        args = AsyncEngineArgs(**engine_arguments(self.options, self.weights))
+        args = AsyncEngineArgs(**engine_arguments(self.options, self.weights, self.adapters))
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self.metrics.logger_factory()])
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        async for _ in self.llm.generate({"prompt_token_ids": warmup_ids}, params, "warmup"):
-            pass
+        # The base model answers once, then each adapter: vLLM loads an adapter when a request
+        # first names it, so a folder vLLM cannot load fails the model's load, not a request.
+        for lora in [None, *self.loras.values()]:
+            name = f"warmup-{lora.lora_name}" if lora else "warmup"
+            prompt = {"prompt_token_ids": warmup_ids}
+            async for _ in self.llm.generate(prompt, params, name, lora_request=lora):
+                pass
         self._loop.create_task(self._watch())
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -351,8 +363,10 @@ class VllmEngine:
     async def _row(self, job: Job, index: int, ids: list[int], updates) -> None:
         """Feed one prompt's answers' steps (all n of them) to the request's task."""
         params, n = job.request.params, job.request.n
+        lora = self.loras.get(job.request.lora_name)  # None: the base model
+        prompt = {"prompt_token_ids": ids}
         try:
-            async for out in self.llm.generate({"prompt_token_ids": ids}, params, job.ids[index]):
+            async for out in self.llm.generate(prompt, params, job.ids[index], lora_request=lora):
                 for o in out.outputs:  # with n > 1, vLLM reports one completion at a time
                     logprobs = None if o.logprobs is None else list(o.logprobs)
                     step = Step(

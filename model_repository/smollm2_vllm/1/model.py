@@ -41,6 +41,7 @@ from .vllm_settings import (
     device_environment,
     engine_environment,
     instance_environment,
+    read_adapters,
     read_engine_options,
 )
 
@@ -60,6 +61,7 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         try:
             engine_options = read_engine_options(params)
+            adapters = read_adapters(engine_options, args["model_repository"])
         except ValueError as exc:
             raise ConfigError(f"model {self.name!r}: {exc}") from None
         try:
@@ -90,6 +92,7 @@ class TritonPythonModel:
             sampling_params,
             context,
             REFUSALS,
+            [adapter.name for adapter in adapters],
         )
         self.engine = VllmEngine(
             self.name,
@@ -99,11 +102,13 @@ class TritonPythonModel:
             decode_ids=functools.partial(self.tokenizer.decode, skip_special_tokens=True),
             eos_ids=end_of_sequence_ids(described, self.tokenizer),
             metrics=EngineMetrics(self.name),
+            adapters=adapters,
         )
         seconds = self.engine.start(self.tokenizer("Hello")["input_ids"])
         pb_utils.Logger.log_info(
             f"{self.name}: vLLM engine started in {seconds:.1f} s: {weights}, {engine_options}, "
-            f"context {context}, defaults {options.defaults}"
+            f"context {context}, defaults {options.defaults}, LoRA adapters "
+            f"{[adapter.name for adapter in adapters] or 'none'}"
         )
 
     def execute(self, requests: list) -> None:

@@ -9,8 +9,9 @@ that vLLM reads when it starts). Defaults suit a CPU: float32 (greedy answers th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -40,6 +41,12 @@ class EngineOptions:
     start_timeout_s: int = 900
     # an unload lets the answers in flight finish for this long, then ends the rest with an error
     unload_drain_s: int = 30
+    # LoRA adapters served by name (a request's "lora_name"): a JSON object {"name": "folder"},
+    # each folder in PEFT's format (adapter_config.json, adapter_model.safetensors), absolute or
+    # relative to the model's folder. Empty: LoRA is off, and vLLM builds no LoRA layers (the
+    # start and the speed of a model without adapters do not change).
+    lora_adapters: str = ""
+    max_loras: int = 0  # adapters one engine step may mix; 0: every adapter named
 
 
 MINIMUM = {
@@ -83,6 +90,7 @@ def read_engine_options(params: Mapping[str, str]) -> EngineOptions:
         raise ValueError(
             "parameter 'omp_threads_bind' is empty; use auto, nobind or cores like 0-1"
         )
+    adapter_folders(options)  # a malformed lora_adapters is refused with the other settings
     return options
 
 
@@ -166,8 +174,9 @@ def instance_environment(
     return {"CUDA_VISIBLE_DEVICES": seen[int(device)]}
 
 
-def engine_arguments(options: EngineOptions, model: str) -> dict:
-    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for ``options`` and a weights folder."""
+def engine_arguments(options: EngineOptions, model: str, adapters: Sequence[Adapter] = ()) -> dict:
+    """The keyword arguments of vLLM's ``AsyncEngineArgs`` for ``options``, a weights folder and
+    the LoRA ``adapters`` the model serves (:func:`read_adapters`; none: LoRA off)."""
     arguments = {
         "model": model,
         "dtype": options.dtype,
@@ -185,9 +194,90 @@ def engine_arguments(options: EngineOptions, model: str) -> dict:
         arguments["block_size"] = options.block_size
     if options.additional_config:
         arguments["additional_config"] = json.loads(options.additional_config)
+    if adapters:
+        arguments["enable_lora"] = True
+        arguments["max_loras"] = options.max_loras or len(adapters)
+        arguments["max_lora_rank"] = lora_rank(max(adapter.rank for adapter in adapters))
     return arguments
 
 
 def queue_limit(options: EngineOptions) -> int:
     """How many requests the model holds at once (generating or waiting) before it says busy."""
     return options.max_num_seqs + options.max_queue_size
+
+
+# -- LoRA adapters ------------------------------------------------------------------------------
+#: The ranks vLLM 0.32 accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: The files of an adapter in PEFT's format (``save_pretrained``), which vLLM loads.
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter the model serves: its name in requests, its folder, its rank."""
+
+    name: str
+    path: str  # absolute
+    rank: int  # its largest rank (PEFT's ``r``, or a larger one in its ``rank_pattern``)
+
+
+def adapter_folders(options: EngineOptions) -> dict[str, str]:
+    """``lora_adapters`` read: name -> folder as written, in the order given. Raises
+    ``ValueError`` naming the parameter."""
+    if not options.lora_adapters.strip():
+        return {}
+    example = 'e.g. {"demo": "adapters/demo"}'
+    try:
+        named = json.loads(options.lora_adapters)
+    except ValueError:
+        named = None
+    if not isinstance(named, dict) or not named:
+        raise ValueError(
+            "parameter 'lora_adapters' must be a JSON object of adapter names and folders, "
+            f"{example}; got {options.lora_adapters!r}"
+        )
+    for name, folder in named.items():
+        if not name.strip() or not isinstance(folder, str) or not folder.strip():
+            raise ValueError(
+                f"parameter 'lora_adapters': adapter {name!r} -> {folder!r} needs a name and a "
+                f"folder, {example}"
+            )
+    return named
+
+
+def read_adapters(options: EngineOptions, model_dir: str | Path) -> list[Adapter]:
+    """The adapters ``lora_adapters`` names, each folder resolved against ``model_dir`` (the
+    model's folder) and its rank read from PEFT's ``adapter_config.json``. Raises ``ValueError``
+    naming the adapter and the folder (the model reports it as a config error)."""
+    adapters = []
+    for name, folder in adapter_folders(options).items():
+        path = Path(folder).expanduser()
+        if not path.is_absolute():
+            path = Path(model_dir) / path
+        config = path / ADAPTER_CONFIG
+        if not config.is_file():
+            raise ValueError(
+                f"parameter 'lora_adapters': adapter {name!r} is {str(path)!r}, which holds no "
+                f"{ADAPTER_CONFIG} (a LoRA adapter in PEFT's format); build it (labkit models "
+                "lora) or fix the path"
+            )
+        try:
+            saved = json.loads(config.read_text())
+            ranks = [int(saved["r"]), *map(int, (saved.get("rank_pattern") or {}).values())]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"adapter {name!r}: {str(config)!r} has no LoRA rank 'r' ({exc!r})"
+            ) from None
+        adapters.append(Adapter(name, str(path.resolve()), max(ranks)))
+    return adapters
+
+
+def lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for allowed in LORA_RANKS:
+        if rank <= allowed:
+            return allowed
+    raise ValueError(
+        f"a LoRA adapter of rank {rank} is above the largest vLLM serves ({LORA_RANKS[-1]})"
+    )
