@@ -140,8 +140,10 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     assert figures["lone_client_queue_wait_ms"] == 3250
     assert str(figures["with queue delay against without"]) == "x0.54 model time per request"
     assert conclusion.takeaway[1] == (
-        "A queue delay pays only when requests arrive apart: here it made batches of 3.0 "
-        "instead of 1.0, at 1.9 s more waiting per request."
+        "With requests arriving apart, a queue delay made batches of 3.0 instead of 1.0 and cut "
+        "the model's time per request from 450 to 245 ms, room for more traffic on the same "
+        "model, at 1.9 s more waiting per request: worth it where the model's time is scarce, "
+        "not where latency is."
     )
     assert conclusion.takeaway[2] == (
         "At low load it is pure cost: every request of one client waited 3.25 s in the queue, "
@@ -285,3 +287,10 @@ def test_each_delay_setting_has_one_name_in_every_table_and_the_paced_rate_is_th
     assert (
         "as many requests a second as arrived (0.77 and 0.77, at a pace of 0.77;" in conclusion.text
     )
+
+
+def test_bigger_batches_that_cost_the_model_as_much_per_request_bought_nothing():
+    same_cost = arrivals(delayed_ms=(440.0, 460.0))  # batches of 3, the model's time unchanged
+    line = batching.batching_conclusion(OFF, ON, same_cost, every_s=1.0).takeaway[1]
+    assert line.startswith("With requests arriving apart, a queue delay made batches of 3.0")
+    assert "did not fall beyond the noise: it bought nothing here for 1.9 s more waiting" in line
