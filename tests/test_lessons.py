@@ -207,7 +207,14 @@ def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_exe
         in_rounds({"d": [5.7, 5.9], "w": [5.8, 5.8]}), search(default_tput=7.6), "w"
     )
     assert "The search measured the default at 7.60 infer/s, the rounds at 5.80" in drifted.text
-    assert "one execution took 340 ms in the search against 340 ms" in drifted.text
+    assert "took 340 ms against 340 ms, at another moment of a host whose speed drifts" in (
+        drifted.text
+    )
+    on_one_core = lessons.confirm_winner(
+        in_rounds({"d": [5.7, 5.9], "w": [5.8, 5.8]}), search(default_tput=7.6), "w", cores=1
+    ).text
+    assert "the search's server could use every core of this host and the rounds' 1" in on_one_core
+    assert "this run cannot tell apart" in on_one_core and "another speed then" not in on_one_core
     agreed = lessons.confirm_winner(
         in_rounds({"d": [7.5, 7.7], "w": [7.4, 7.8]}), search(default_tput=7.6), "w"
     )

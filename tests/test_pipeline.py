@@ -445,3 +445,9 @@ def test_the_benchmarks_targets_are_judged_from_its_figures():
 def test_labkit_bench_pipeline_takes_its_settings():
     args = build_parser().parse_args(["bench", "pipeline", "--cache-mib", "2", "--json", "f.json"])
     assert (args.cache_mib, args.rounds, args.json) == (2, 2, "f.json")
+
+
+def test_the_second_encoder_is_said_in_the_ensembles_own_figures_and_against_the_single_model():
+    text = lesson.pipeline_conclusion(*lesson_inputs()).text
+    assert "With a second encoder instance the ensemble served" in text
+    assert "the host's drift between the two blocks included); against the single model" in text

@@ -225,7 +225,7 @@ def confirm_winner(
     if noise is not None:
         figures["spread between configurations that cannot differ"] = Ratio(noise, "infer/s")
     text.append(_drift(base))
-    text.append(_search_against_rounds(rounds, by, default))
+    text.append(_search_against_rounds(rounds, by, default, cores))
     last = _pick_words(winner, by, noise)
     text.append(last)
     return Conclusion(
@@ -428,8 +428,9 @@ def _drift(base: dict[int, float]) -> str:
     )
 
 
-def _search_against_rounds(rounds, by, default) -> str:
-    """Why the search's figure of the default differs from the rounds' (or that it agrees)."""
+def _search_against_rounds(rounds, by, default, cores: int | None = None) -> str:
+    """Why the search's figure of the default differs from the rounds' (or that it agrees): the
+    figures that differ between the two, said side by side, not guessed at."""
     searched = float(by.loc[default, "throughput"])
     again = _median(rounds, default, "throughput")
     ratio = Ratio.between(again, searched, "infer/s")
@@ -438,14 +439,20 @@ def _search_against_rounds(rounds, by, default) -> str:
             f"The search's figure agrees with the rounds': the default gave {searched:.2f} infer/s "
             f"there and {again:.2f} here."
         )
+    batch = (float(by.loc[default, "avg_batch_size"]), _median(rounds, default, "avg_batch_size"))
+    ms = (float(by.loc[default, "compute_infer_ms"]), _median(rounds, default, "compute_infer_ms"))
+    where = (
+        f"the search's server could use every core of this host and the rounds' {cores}"
+        if cores
+        else "the two servers had other cores"
+    )
     return (
         f"The search measured the default at {searched:.2f} infer/s, the rounds at {again:.2f} "
-        f"({ratio}): the same request from {int(by.loc[default, 'concurrency'])} clients, but "
-        f"one execution took {by.loc[default, 'compute_infer_ms']:.0f} ms in the search against "
-        f"{_median(rounds, default, 'compute_infer_ms'):.0f} ms in the rounds, so the host ran at "
-        "another speed then"
-        + (" (and each of the search's servers starts cold)" if again > searched else "")
-        + ". Only configurations measured in the same rounds compare."
+        f"({ratio}), with the same request from {int(by.loc[default, 'concurrency'])} clients: "
+        f"{where}, its executions carried {batch[0]:.1f} requests against {batch[1]:.1f} and "
+        f"took {ms[0]:.0f} ms against {ms[1]:.0f} ms, at another moment of a host whose speed "
+        "drifts. Which of these made the difference this run cannot tell apart: only "
+        "configurations measured in the same rounds compare."
     )
 
 

@@ -20,11 +20,11 @@ NOISE_RULE = (
     "How the lab calls a difference, in every notebook: the two sides are measured in turns "
     "(A B A B ...), so that a host slowing down weighs on both, and each round gives one ratio. "
     "A difference counts as a gain or a loss only when the median of those ratios is "
-    f"x{GAIN:.2f} or more, or x{1 / GAIN:.2f} or less (or beyond a spread this run measured "
-    "between things that cannot differ, where that is wider), and no round points the other "
-    "way; anything else is a tie, "
-    "within the noise. This host's speed drifts by up to 2x within minutes, and differences "
-    "under 20% come and go between runs."
+    f"x{GAIN:.2f} or more, or x{1 / GAIN:.2f} or less, and no round points the other way; "
+    "anything else is a tie, within the noise. Where two sides were measured once each instead "
+    "(03's two sweeps, 04's search), the ratio must also pass the spread that same measurement "
+    "showed between two things that cannot differ. This host's speed drifts by up to 2x within "
+    "minutes, and differences under 20% come and go between runs."
 )
 
 

@@ -30,9 +30,9 @@ INSTANCES_ACROSS = (
     "leaves the other to the client, the server's own threads and any other step, which wait "
     "most of the time while a long call runs. So a second instance gains where each call is "
     "long and that core is idle: 07's generations of 64 tokens, 08's long texts, 04's search "
-    "on both cores. It gains less than 2x where the model already batches (each execution "
-    "then serves fewer requests), and it loses where there is no idle core at all: 04's "
-    "rounds, whose server has one core."
+    "on both cores. It gains up to 2x, as much as that core was idle: less where the client "
+    "and the server's threads take more of it between calls; and it loses where there is no "
+    "idle core at all: 04's rounds, whose server has one core."
 )
 
 
