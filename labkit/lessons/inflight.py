@@ -307,7 +307,10 @@ def _benchmark_words(
     # the same lead, as the lab's rule reads two figures: within x1.20 of each other
     near = judge([lead.value / b.vllm_lead]) == "tie" if lead.value == lead.value else False
     if near:
-        return words + ", the lead this run measured too."
+        return words + (
+            f"; this run measured {lead.value:.2f}x at the same shape, the same lead within the "
+            "noise."
+        )
     if said == "gain":
         return words + (
             f". This run measured {lead.value:.2f}x at the same shape: the lead is vLLM's in "
