@@ -52,7 +52,7 @@ SWEEP_COLUMNS = {
     "compute_infer_ms": "compute per execution (ms)",
     "avg_batch_size": "requests per execution",
     "request_count": "requests measured",
-    "stable": "settled",
+    "stable": "settled (stability rule)",
 }
 #: Triton's counters over a whole sweep (:func:`labkit.profiling.metrics`), in words.
 SERVED_COLUMNS = {
