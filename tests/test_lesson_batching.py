@@ -137,7 +137,7 @@ def test_the_queue_delay_bought_bigger_batches_and_cost_waiting():
     assert "each of its 3 requests waited 3.25 s in the queue, the whole delay" in text
     assert figures["requests_per_execution_with_queue_delay"] == 3.0
     assert figures["queue_wait_with_delay_ms"] == 1950
-    assert figures["lone_client_queue_wait_ms"] == 3250
+    assert figures["one lone client's queue wait (ms)"] == 3250
     assert str(figures["with queue delay against without"]) == "x0.54 model time per request"
     assert conclusion.takeaway[1] == (
         "With requests arriving apart, a queue delay made batches of 3.0 instead of 1.0 and cut "

@@ -315,3 +315,11 @@ def test_a_max_batch_size_that_cannot_matter_yet_gains_is_explained_by_its_batch
     assert conclusion.takeaway[0].endswith("its executions carried 2.6 requests against 2.0.")
     same = in_rounds({"d": [6.99, 6.82, 7.16], "w": [8.79, 8.18, 7.33]}, batch={"w": 2.0, "d": 2.0})
     assert "measure it again" in lessons.confirm_winner(same, search(), "w").text
+
+
+def test_the_rounds_table_leads_each_verdict_with_the_word_the_index_shows():
+    rounds = in_rounds({"d": [5.0, 5.0], "w": [5.1, 4.9], "two": [3.0, 3.1]})
+    table = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2).table
+    verdicts = dict(zip(table["configuration"], table["verdict"], strict=True))
+    assert verdicts == {"d": "the reference", "w": "tie: within the noise",
+                        "two": "loss: slower in every round"}  # fmt: skip

@@ -42,6 +42,11 @@ VERDICT_WORDS = {
 }
 
 
+def _verdict_cell(result: str) -> str:
+    """The table's verdict: the rule's word first (the one the run's index shows), then why."""
+    return "tie: within the noise" if result == "tie" else f"{result}: {VERDICT_WORDS[result]}"
+
+
 def verdict_words(result: str, ratios: list[float]) -> str:
     """:data:`VERDICT_WORDS` of ``result``; ``ratios`` are the rounds it was judged on."""
     del ratios  # the verdict already says every round went its way
@@ -197,9 +202,7 @@ def confirm_winner(
                 "requests per execution": f"{_median(rounds, name, 'avg_batch_size'):.1f}",
                 "one execution (ms)": f"{_median(rounds, name, 'compute_infer_ms'):.0f}",
                 "against the default, each round": ", ".join(f"x{q:.2f}" for q in ratios),
-                "verdict": verdict_words(judged[name][1], judged[name][2])
-                if name != default
-                else "the reference",
+                "verdict": _verdict_cell(judged[name][1]) if name != default else "the reference",
             }
         )
     batch = _median(rounds, default, "avg_batch_size")

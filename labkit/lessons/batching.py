@@ -523,7 +523,7 @@ def _delay(
             f"{mean[NO_DELAY]['batch']:.1f}), only {wait / 1000:.1f} s more waiting per request."
         ]
     if lone is not None:
-        figures["lone_client_queue_wait_ms"] = round(float(lone["queue_ms"]))
+        figures["one lone client's queue wait (ms)"] = round(float(lone["queue_ms"]))
         rows.append(_arrival_row(LONE, lone))
         words += (
             f" A lone client gains nothing from it: each of its {int(lone['requests'])} requests "

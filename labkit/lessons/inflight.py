@@ -62,8 +62,10 @@ def inflight_conclusion(comparison: Comparison, benchmark: Benchmark | None = No
     # step's median time holds still where tokens/s, which counts the client's stalls and the
     # queue too, moves with the host between rounds.
     step_verdict = verdict(per_round(comparison, "inflight", "vllm", key="itl_p50_ms"))
-    figures["vLLM_lead_over_in_flight"] = lead
-    figures["in_flight_model_output_tokens_per_s"] = round(m["inflight"]["output_tokens_per_s"], 1)
+    figures["vLLM against the lab's in-flight model"] = lead
+    figures["the lab's in-flight model, output tokens/s"] = round(
+        m["inflight"]["output_tokens_per_s"], 1
+    )
     figures["vLLM_in_Triton_output_tokens_per_s"] = round(m["vllm"]["output_tokens_per_s"], 1)
 
     text = [_lead_words(comparison, m, lead, lead_verdict, rounds, clients, step_verdict)]

@@ -260,7 +260,7 @@ def pipeline_conclusion(
         f"{instances[1]} ({instances[0]}) on 2 cores: it gains only the time a core is idle.",
     )
     figures = {
-        "ensemble_largest_difference": agreement.max_abs_diff,
+        "largest difference between the ensemble's and one model's vectors": agreement.max_abs_diff,
         f"ensemble_against_single_model_c{low}": cost[low][0],
         f"ensemble_against_single_model_c{high}": cost[high][0],
         f"two_encoder_instances_c{high}": instances[0],
