@@ -99,7 +99,9 @@ def rounds_figure(comparison: Comparison, title: str | None = None):
 
     panels = {"output_tokens_per_s": "output tokens/s", "ttft_p50_ms": "first token (ms)",
               "itl_p50_ms": "one step: ITL (ms)"}  # fmt: skip
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=list(panels.values()))
+    # the panel titles say how to read each panel; the axes say what is measured
+    titles = ["served: more is better", "waited: less is better", "engine step: less is better"]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=titles)
     for col, key in enumerate(panels, start=1):
         for way in comparison.ways:
             values = [r[key] for r in comparison.way_rows(way) if r.get(key) is not None]
@@ -115,7 +117,7 @@ def rounds_figure(comparison: Comparison, title: str | None = None):
                            showlegend=col == 1 and way == comparison.ways[0]),
                 row=1, col=col,
             )  # fmt: skip
-    fig.update_xaxes(showticklabels=False, title_text="way (colours: the legend)")
+    fig.update_xaxes(showticklabels=False, title_text="each way, by its colour in the legend")
     for col, label in enumerate(panels.values(), start=1):
         fig.update_yaxes(title_text=label, row=1, col=col)
     fig.update_layout(
