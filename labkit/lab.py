@@ -205,12 +205,15 @@ def startup_lines(server: TritonServer) -> str:
 def show_table(frame):
     """A DataFrame as a notebook shows it best for text: every cell whole (pandas cuts at 50
     characters by default), left-aligned, no index, and numbers as they were rounded (a styled
-    table otherwise pads every float to 6 decimals: ``10.100000``)."""
+    table otherwise pads every float to 6 decimals: ``10.100000``), and text as text (escaped,
+    so ``/v2/models/<model>/generate`` shows whole)."""
     left = [{"selector": "th", "props": [("text-align", "left")]}]
     floats = frame.select_dtypes("float").columns
+    others = [c for c in frame.columns if c not in set(floats)]
     return (
         frame.style.hide(axis="index")
         .format(_number, subset=list(floats))
+        .format(escape="html", subset=others)  # a cell's "<model>" is text, not a tag
         .set_properties(**{"text-align": "left", "white-space": "pre-wrap"})
         .set_table_styles(left)
     )

@@ -208,3 +208,10 @@ def test_a_shown_table_keeps_its_numbers_as_rounded_not_padded_to_six_decimals()
     )  # fmt: skip
     cells = re.findall(r"<td[^>]*>([^<]*)</td>", lab.show_table(frame).to_html())
     assert cells == ["one", "4", "10.1", "", "two", "4", "455", "1234568"]
+
+
+def test_a_shown_table_shows_text_as_text_not_as_html_tags():
+    frame = pd.DataFrame({"way": ["Triton's /v2/models/<model>/generate"], "tokens": [3]})
+    html = lab.show_table(frame).to_html()
+    assert "/v2/models/&lt;model&gt;/generate" in html
+    assert "<model>" not in html
