@@ -111,9 +111,10 @@ def test_serve_adapters_names_them_in_the_config_and_a_run_copy_resolves_them(
     assert (adapter.name, adapter.rank) == ("demo", 8)
     assert Path(adapter.path) == built["demo"].resolve()
     arguments = settings_module.engine_arguments(options, "/w", [adapter])
+    # one LoRA slot more than the adapters: vLLM's CPU ops read a base request's from the last
     assert (arguments["enable_lora"], arguments["max_loras"], arguments["max_lora_rank"]) == (
         True,
-        1,
+        2,
         8,
     )
     with pytest.raises(ConfigError, match="holds no model 'nope'"):
@@ -148,7 +149,7 @@ def test_an_adapters_rank_picks_the_smallest_max_lora_rank_vllm_takes(settings_m
     adapters = settings_module.read_adapters(options, tmp_path)  # relative: the model's folder
     assert [(a.name, a.rank) for a in adapters] == [("a", 4), ("b", 12)]
     arguments = settings_module.engine_arguments(options, "/w", adapters)
-    assert (arguments["max_loras"], arguments["max_lora_rank"]) == (2, 16)
+    assert (arguments["max_loras"], arguments["max_lora_rank"]) == (3, 16)
     assert settings_module.lora_rank(1) == 1 and settings_module.lora_rank(320) == 320
     with pytest.raises(ValueError, match="rank 600 is above the largest vLLM serves"):
         settings_module.lora_rank(600)
@@ -273,10 +274,10 @@ def reference(served) -> dict[str, dict[str, str]]:
     def answers() -> dict[str, str]:
         out = {}
         for prompt in PROMPTS:
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            inputs = tokenizer(prompt, return_tensors="pt")
             with torch.no_grad():
-                new = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0]
-            head = tokenizer.decode(ids[0], skip_special_tokens=True)
+                new = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)[0]
+            head = tokenizer.decode(inputs["input_ids"][0], skip_special_tokens=True)
             whole = tokenizer.decode(new, skip_special_tokens=True)
             out[prompt] = prompt + whole[len(head) :]
         return out

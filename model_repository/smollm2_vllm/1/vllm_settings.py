@@ -46,7 +46,6 @@ class EngineOptions:
     # relative to the model's folder. Empty: LoRA is off, and vLLM builds no LoRA layers (the
     # start and the speed of a model without adapters do not change).
     lora_adapters: str = ""
-    max_loras: int = 0  # adapters one engine step may mix; 0: every adapter named
 
 
 MINIMUM = {
@@ -196,7 +195,12 @@ def engine_arguments(options: EngineOptions, model: str, adapters: Sequence[Adap
         arguments["additional_config"] = json.loads(options.additional_config)
     if adapters:
         arguments["enable_lora"] = True
-        arguments["max_loras"] = options.max_loras or len(adapters)
+        # One slot more than the adapters, never filled: vLLM 0.32's CPU LoRA ops (torch_ops,
+        # PunicaWrapperCPU) look up a request without an adapter at slot index -1, the last slot,
+        # so with every slot filled a base request that shares an engine step with an adapter's
+        # got the last adapter's answer (measured: "I am going" answered as the adapter's). vLLM
+        # fills the lowest free slot first; the last one stays zero and adds nothing.
+        arguments["max_loras"] = len(adapters) + 1
         arguments["max_lora_rank"] = lora_rank(max(adapter.rank for adapter in adapters))
     return arguments
 
