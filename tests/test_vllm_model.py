@@ -5,7 +5,8 @@ doctor's verdict. The integration tests share one module-scoped server that serv
 ``smollm2_vllm`` (max_num_seqs 8, max_queue_size 2) beside ``smollm2``, so vLLM's engine starts
 once: greedy float32 answers must equal ``smollm2``'s, alone and 8 at once; streamed pieces join
 to the final text; a cancelled stream is aborted in the engine; a full model answers ``busy:``;
-bad input gets ``smollm2``'s words; a killed engine process ends the stub, and
+bad input gets ``smollm2``'s words; vLLM's token counters and latency histograms on ``/metrics``
+count what requests took; a killed engine process ends the stub, and
 ``labkit.server.recover`` brings the model back with no process left behind. The contract of
 Triton's vLLM backend: the tensors Triton's OpenAI frontend sends get the greedy answer and its
 token counts, a stop string ends the answer ("stop"), ``n`` answers come back, and a bad
@@ -36,7 +37,7 @@ import psutil
 import pytest
 
 from conftest import imported_as_triton_does, wait_for
-from labkit import client, repository, streaming
+from labkit import client, profiling, repository, streaming
 from labkit.errors import ConfigError, InferenceError, MissingDependencyError, ServerError
 from labkit.repository import folder
 from labkit.server import TritonServer, recover, stubs, unhealthy
@@ -210,7 +211,8 @@ def test_vllm_is_imported_only_after_the_models_environment_is_set():
 
     tree = ast.parse((MODEL / "1" / "model.py").read_text())
     top = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
-    assert "engine" not in top and not any((m or "").split(".")[0] == "vllm" for m in top), top
+    assert "engine" not in top and "metrics" not in top, top  # both import vLLM
+    assert not any((m or "").split(".")[0] == "vllm" for m in top), top
     (init,) = [
         f
         for c in tree.body
@@ -222,13 +224,16 @@ def test_vllm_is_imported_only_after_the_models_environment_is_set():
         "environment": min(
             n.lineno for n in ast.walk(init) if isinstance(n, ast.Attribute) and n.attr == "update"
         ),
-        "engine": next(
-            n.lineno
-            for n in ast.walk(init)
-            if isinstance(n, ast.ImportFrom) and n.module == "engine"
-        ),
+        **{
+            module: next(
+                n.lineno
+                for n in ast.walk(init)
+                if isinstance(n, ast.ImportFrom) and n.module == module
+            )
+            for module in ("engine", "metrics")
+        },
     }
-    assert lines["environment"] < lines["engine"], lines
+    assert lines["environment"] < min(lines["engine"], lines["metrics"]), lines
 
 
 # -- EXECUTION_ENV_PATH in a run's repository (no server) ----------------------------------------
@@ -486,12 +491,49 @@ def test_half_the_streams_cancelled_are_aborted_in_the_engine_and_the_others_do_
     wait_for(
         lambda: (
             metric(server, "vllm_requests_aborted_total") >= aborted_before + 3
-            and metric(server, "vllm_num_requests_running") == 0
+            and metric(server, "vllm:num_requests_running") == 0
         ),
         60,
         "the engine's counters: 3 more aborted, none running",
     )
-    assert metric(server, "vllm_kv_cache_usage_perc") == 0
+    assert metric(server, "vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_vllms_token_counters_and_latency_histograms_count_what_the_requests_took(server):
+    """Issue 41: the engine's metrics on Triton's /metrics under vLLM's names, read back by
+    labkit.profiling.vllm_metrics, rise by the tokens sent and generated: one time to first
+    token per request, one time per output token for each token after the first."""
+    sent = {"I am going": 5, "Where is the nearest": 9, "The cat": 16}  # prompt: max_tokens
+    before = profiling.vllm_metrics(server)
+    for prompt, max_tokens in sent.items():
+        body = {
+            "text_input": prompt,
+            "sampling_parameters": json.dumps({"max_tokens": max_tokens, "ignore_eos": True}),
+            "return_num_input_tokens": True,
+            "return_num_output_tokens": True,
+        }
+        status, text = post_generate(server, "smollm2_vllm", body)
+        assert status == 200, text
+        answer = json.loads(text)
+        assert answer["num_input_tokens"] == prompt_tokens(server, prompt)
+        assert answer["num_output_tokens"] == max_tokens
+    prompt_total = sum(prompt_tokens(server, p) for p in sent)
+    generated = sum(sent.values())
+
+    def counted() -> dict:  # the metrics are written from a thread of their own, a step later
+        change = profiling.vllm_metrics(server, since=before).set_index("model")
+        row = change.loc["smollm2_vllm"].to_dict()
+        return row if row["e2e_count"] >= len(sent) and row["running"] == 0 else {}
+
+    change = wait_for(counted, 60, "vLLM's metrics to count the 3 requests")
+    assert (change["prompt_tokens"], change["generation_tokens"]) == (prompt_total, generated)
+    assert (change["ttft_count"], change["e2e_count"]) == (len(sent), len(sent))
+    assert change["tpot_count"] == generated - len(sent)
+    assert 0 < change["avg_ttft_ms"] < change["avg_e2e_ms"]
+    assert 0 < change["avg_tpot_ms"] < change["avg_e2e_ms"]
+    assert (change["aborted"], change["waiting"]) == (0, 0)
 
 
 @pytest.mark.integration

@@ -1,7 +1,10 @@
-"""Triton's Prometheus metrics endpoint as DataFrames: per-model counters, batch sizes, CPU/GPU.
+"""Triton's Prometheus metrics endpoint as DataFrames: per-model counters, batch sizes, CPU/GPU,
+and a vLLM model's engine metrics.
 
 Parsed with prometheus_client's own text parser. :func:`metrics` with ``since=`` gives the change
-over an interval, which is what an average batch size under a given load needs.
+over an interval, which is what an average batch size under a given load needs;
+:func:`vllm_metrics` does the same for the token counters and latency histograms a vLLM model
+exports under vLLM's names (``smollm2_vllm``, and Triton's own vllm_backend).
 """
 
 from __future__ import annotations
@@ -42,11 +45,14 @@ def scrape(source, timeout_s: float = 10.0) -> pd.DataFrame:
     ``source`` is a :class:`~labkit.server.TritonServer`, a metrics URL, or exposition text.
     """
     text = _metrics_text(source, timeout_s)
+    # The parser names every counter's samples ``<family>_total``: Triton's own counters lack the
+    # suffix, vLLM's have it (``vllm:prompt_tokens_total``). Keep each name as the text gives it.
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
     rows = []
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            # The parser names counter samples ``<family>_total``; keep Triton's own names.
-            name = family.name if sample.name == f"{family.name}_total" else sample.name
+            added = sample.name == f"{family.name}_total" and sample.name not in declared
+            name = family.name if added else sample.name
             rows.append({"name": name, **sample.labels, "value": float(sample.value)})
     return pd.DataFrame(rows)
 
@@ -104,6 +110,70 @@ def metrics(source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.
         if not values.empty:  # per GPU: mean utilisation, summed memory
             frame[column] = values.mean() if "utilization" in name else values.sum()
     return frame.sort_values(["model", "version"], ignore_index=True)
+
+
+#: A vLLM model's counters, and its histograms' counts and sums (``_count``, ``_sum``), as
+#: ``smollm2_vllm`` and Triton's vllm_backend name them on /metrics (vLLM's names).
+_VLLM_COUNTERS = {
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:time_to_first_token_seconds_count": "ttft_count",
+    "vllm:time_to_first_token_seconds_sum": "ttft_s",
+    "vllm:time_per_output_token_seconds_count": "tpot_count",
+    "vllm:time_per_output_token_seconds_sum": "tpot_s",
+    "vllm:e2e_request_latency_seconds_count": "e2e_count",
+    "vllm:e2e_request_latency_seconds_sum": "e2e_s",
+    "vllm_requests_aborted_total": "aborted",  # smollm2_vllm's own: clients that went away
+}
+#: Its gauges: the engine's state at its last step.
+_VLLM_GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+}
+
+
+def vllm_metrics(
+    source, *, since: pd.DataFrame | None = None, timeout_s: float = 10.0
+) -> pd.DataFrame:
+    """A vLLM model's engine metrics, one row per model that exports them.
+
+    Columns: the counters ``prompt_tokens`` and ``generation_tokens`` (tokens the engine
+    prefilled and generated) and ``aborted``; for each histogram, time to first token
+    (``ttft``, one per prompt), time per output token (``tpot``, one per token after the
+    first: the time since the one before) and end-to-end latency (``e2e``, one per finished sequence), its count
+    and its sum in seconds (``ttft_count``, ``ttft_s``, ...) and their mean in milliseconds
+    (``avg_ttft_ms``, ``avg_tpot_ms``, ``avg_e2e_ms``); and the gauges ``running``, ``waiting``
+    and ``kv_cache_usage`` (0..1) as of the engine's last step. Pass ``since=`` an earlier result
+    to get the counters' change over that interval (the gauges stay current). The buckets are in
+    :func:`scrape`'s rows (``..._bucket``, label ``le``).
+    """
+    samples = scrape(source, timeout_s)
+    columns = ["model", *_VLLM_COUNTERS.values(), *_VLLM_GAUGES.values()]
+    names = {**_VLLM_COUNTERS, **_VLLM_GAUGES}
+    if samples.empty or "model" not in samples:
+        return pd.DataFrame(columns=columns)
+    rows = samples[samples["name"].isin(names) & samples["model"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    frame = (
+        rows.assign(metric=rows["name"].map(names))
+        .pivot_table(index="model", columns="metric", values="value", aggfunc="sum")
+        .reindex(columns=columns[1:])
+        .fillna(0.0)
+        .reset_index()
+    )
+    frame.columns.name = None
+    counters = list(_VLLM_COUNTERS.values())
+    if since is not None and not since.empty:
+        before = since.set_index("model")[counters]
+        now = frame.set_index("model")
+        now[counters] = now[counters].sub(before.reindex(now.index).fillna(0.0))
+        frame = now.reset_index()
+    for histogram in ("ttft", "tpot", "e2e"):
+        count = frame[f"{histogram}_count"]
+        frame[f"avg_{histogram}_ms"] = frame[f"{histogram}_s"] / count.where(count > 0) * 1000.0
+    return frame.sort_values("model", ignore_index=True)
 
 
 def request_counts(metrics_url: str, model: str) -> dict[str, float]:
