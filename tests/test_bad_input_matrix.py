@@ -615,6 +615,14 @@ VLLM_CASES = {
         400,
         "vLLM refused the request: temperature must be in [0, 2], got 5",
     ),
+    "vllm-adapter-unknown": Case(
+        VLLM,
+        "generate",
+        {"text_input": "Hi", "sampling_parameters": '{"lora_name": "pirate"}'},
+        400,
+        "unknown LoRA adapter 'pirate': this model serves no LoRA adapter (its config.pbtxt "
+        "names none in parameter 'lora_adapters')",
+    ),
 }
 
 
