@@ -226,3 +226,12 @@ def test_the_scale_out_table_reads_in_words_with_units():
         "30.0, 18.0",
     )
     assert row["infer/s (median round)"] == 18.0 and row["p99 latency (ms)"] == 200
+
+
+def test_the_ratio_shown_is_the_median_of_the_rounds_the_verdict_judged():
+    # medians 5.76 and 4.93 (x1.17), but round by round x1.18, x0.86 and x1.00: x1.00 is shown
+    rounds = in_rounds({ONE: [5.1, 5.2, 5.0], INSTANCES: [4.93, 5.6, 4.8],
+                        REPLICAS: [5.82, 4.82, 4.8]})  # fmt: skip
+    lesson = conclude(5.1, 4.93, 5.76, rounds=rounds)
+    assert "2 replicas gave x1.00 infer/s against 2 instances in one server" in lesson.text
+    assert str(lesson.figures["2_replicas_against_2_instances"]) == "x1.00 infer/s"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -138,20 +139,21 @@ def scale_out_conclusion(
     versus_p99 = Ratio.between(p99["replicas"], p99["instances"], "p99 latency")
     lone = (threads or {}).get(names["one"], 1)
     predicted = predict_scale_out(count, threads=lone, cores=cores, batch=batch)
+    count_rounds = int(rounds["round"].nunique()) if rounds is not None else 1
+    # each comparison as the rule reads it: the median of its per-round ratios, when the rounds
+    # are given (a ratio of the medians would be a figure the verdict was not judged on)
+    ratios = {
+        "instances": per_round(rounds, names["instances"], names["one"], c) or [gain.value],
+        "replicas": per_round(rounds, names["replicas"], names["instances"], c) or [versus.value],
+    }
+    gain = Ratio(statistics.median(ratios["instances"]), "infer/s")
+    versus = Ratio(statistics.median(ratios["replicas"]), "infer/s")
+    judged = {key: verdict(values) for key, values in ratios.items()}
     figures = {
         f"one_instance_infer_s_c{c}": round(speed["one"], 2),
         f"{count}_instances_infer_s_c{c}": round(speed["instances"], 2),
         f"{count}_replicas_infer_s_c{c}": round(speed["replicas"], 2),
         f"{count}_replicas_against_{count}_instances": versus,
-    }
-    count_rounds = int(rounds["round"].nunique()) if rounds is not None else 1
-    judged = {
-        "instances": verdict(
-            per_round(rounds, names["instances"], names["one"], c) or [gain.value]
-        ),
-        "replicas": verdict(
-            per_round(rounds, names["replicas"], names["instances"], c) or [versus.value]
-        ),
     }
     measured = (
         f"each the median of {count_rounds} rounds taken in turns, judged round by round"
