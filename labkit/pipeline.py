@@ -322,9 +322,10 @@ def ensemble_rounds(
 ) -> pd.DataFrame:
     """perf_analyzer on each of ``models`` in turn (A B A B ...), ``rounds`` times, at each
     ``concurrency``; one row per (round, model, concurrency) with ``throughput`` (infer/s),
-    ``p50_ms`` and ``p99_ms``. Every level is three windows of ``request_count`` requests
-    (no stability rule: on a shared host the rounds show the noise instead). ``label`` names
-    the setting (``"2 encoder instances"``) in the ``setting`` column."""
+    ``p50_ms``, ``p99_ms`` and the host's ``load_average`` just after. Every level is three
+    windows of ``request_count`` requests (no stability rule: on a shared host the rounds show
+    the noise instead). ``label`` names the setting (``"2 encoder instances"``) in the
+    ``setting`` column."""
     if rounds < 1:
         raise ConfigError(f"rounds must be 1 or more, got {rounds}")
     folder = Path(run_dir) if run_dir else None
@@ -347,7 +348,10 @@ def ensemble_rounds(
             )
             frames.append(
                 frame[["concurrency", "throughput", "p50_ms", "p99_ms"]].assign(
-                    round=number, model=model, setting=label or "1 encoder instance"
+                    round=number,
+                    model=model,
+                    setting=label or "1 encoder instance",
+                    load_average=round(os.getloadavg()[0], 2),  # the host's, just after it
                 )
             )
     return pd.concat(frames, ignore_index=True)

@@ -451,3 +451,14 @@ def test_the_second_encoder_is_said_in_the_ensembles_own_figures_and_against_the
     text = lesson.pipeline_conclusion(*lesson_inputs()).text
     assert "With a second encoder instance the ensemble served" in text
     assert "the host's drift between the two blocks included); against the single model" in text
+
+
+def test_a_second_encoder_within_the_noise_names_the_load_it_was_measured_under():
+    agreement, one, two, hits, eviction = lesson_inputs()  # two: the same share, a tie
+    text = lesson.pipeline_conclusion(
+        agreement, one, two.assign(load_average=9.04), hits, eviction
+    ).text
+    assert "(within the noise)" in text
+    assert "whatever else ran (load average up to 9.0 on 2 cores during the rounds)" in text
+    # without the load recorded (an older run's frame), the sentence stands without it
+    assert "load average" not in lesson.pipeline_conclusion(*lesson_inputs()).text

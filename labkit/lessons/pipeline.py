@@ -108,9 +108,9 @@ def compare_instances(
         if ensemble.empty or len(ensemble) != len(single):
             raise ConfigError(f"no matching rounds of both models at concurrency {concurrency}")
         shares.append([e / s for e, s in zip(ensemble, single, strict=True) if s > 0])
-    change = statistics.median(shares[1]) / statistics.median(shares[0])
     paired = [two / one for one, two in zip(*shares, strict=False) if one > 0]
-    return Ratio(change, "infer/s"), _VERDICT[judge(paired)]
+    # the figure shown is the one the rule judged: the median of the per-round changes
+    return Ratio(statistics.median(paired), "infer/s"), _VERDICT[judge(paired)]
 
 
 def ask_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -202,14 +202,20 @@ def pipeline_conclusion(
         )
         for frame in (one_instance, two_instances)
     ]
+    load = float(two_instances.get("load_average", pd.Series(dtype=float)).max())
     why_instances = {
         "a gain": "each encoder instance runs one torch thread, so one kept one core busy and "
         "left the other to the tokenizer, the server and the load generator, which wait most of "
         "the time while a long text is encoded; a second instance put that idle time to work, "
         "as a second instance did in notebook 07.",
         "within the noise": "a second instance gains only the time the other core is idle, and "
-        "here the tokenizer, the server and the load generator left it too little to show "
-        "beyond this host's noise.",
+        "here the tokenizer, the server, the load generator"
+        + (
+            f" and whatever else ran (load average up to {load:.1f} on 2 cores during the rounds)"
+            if load == load
+            else ""
+        )
+        + " left it too little to show beyond this host's noise.",
         "a loss": "the two instances took turns on cores that were already busy: there was no "
         "idle time for a second instance to use.",
     }[instances[1]]
