@@ -327,6 +327,7 @@ FILE_SECONDS = {
     "notebooks/07_beyond_one_machine.ipynb": 224,
     "notebooks/08_pipelines_and_caching.ipynb": 140,  # measured alone (labkit run 08), not in make test
     "tests/test_vllm_model.py": 173,
+    "tests/test_vllm_lora.py": 150,  # its integration part alone: 88 to 207 s (helper, 05:40-05:51)
     "tests/test_inflight.py": 144,
     "tests/test_analyzer.py": 119,
     "tests/test_gpu_check.py": 103,
@@ -339,6 +340,7 @@ FILE_SECONDS = {
     "notebooks/02_multiple_models.ipynb": 83,
     "tests/test_textgen_server.py": 72,
     "tests/test_pipeline.py": 70,  # measured alone, not in make test
+    "tests/test_vllm_metrics.py": 60,  # measured alone: 51 and 90 s, not in make test
     "tests/test_load.py": 64,
     "tests/test_neuron_serve.py": 60,
     "tests/test_cluster.py": 51,
