@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import GAIN, Conclusion, Ratio
+from labkit.lessons.conclusion import GAIN, Conclusion, Ratio, judge
 
 #: Largest difference from in-process PyTorch that still counts as the same answer.
 TOLERANCE = 1e-3
@@ -96,9 +96,8 @@ def neuron_conclusion(
     ``comparison`` is :func:`labkit.neuron.walkthrough.compare`'s table, ``perf`` the add_sub
     perf_analyzer sweep (one or more rounds, a ``round`` column), ``checks`` the offline
     validations of the configs made for the device. Throughput from the lowest to the highest
-    concurrency is a :class:`Ratio` of the rounds' means; it is called a gain only at x``GAIN``
-    or more *and* when every round at the highest level beat every round at the lowest (a loss
-    the other way round), else within the noise.
+    concurrency is a :class:`Ratio` of the rounds' means; the verdict is the lab's one rule
+    (:func:`~labkit.lessons.conclusion.judge`) on each round's ratio, else within the noise.
     """
     if perf.empty or comparison.empty:
         raise ConfigError("neuron_conclusion needs the comparison table and a perf sweep")
@@ -112,12 +111,9 @@ def neuron_conclusion(
     rounds = min(len(low_runs), len(high_runs))
     every = f"in each of {rounds} rounds" if rounds > 1 else "in one round"
     mean_of = " on average" if rounds > 1 else ""
-    if scaling.value >= GAIN and min(high_runs) > max(low_runs):
-        verdict = "gain"
-    elif scaling.value <= 1 / GAIN and max(high_runs) < min(low_runs):
-        verdict = "loss"
-    else:
-        verdict = "noise"
+    # each round measures both levels, one after the other: the lab's one rule on their ratios
+    paired = [h / lo for lo, h in zip(low_runs, high_runs, strict=False) if lo]
+    verdict = {"gain": "gain", "loss": "loss", "tie": "noise"}[judge(paired)]
     batch_low, batch_high = _batch(perf, low), _batch(perf, high)
     joined = not math.isnan(batch_high) and batch_high > JOINED
     on_device = target != "cpu"
@@ -141,8 +137,8 @@ def neuron_conclusion(
         result = f"{figures_said}: more clients served less, {every}; they only queued."
     else:
         result = (
-            f"{figures_said}: within the noise, since the rounds overlap or the change is under "
-            f"x{GAIN:g}."
+            f"{figures_said}: within the noise, by the lab's rule (the median of the rounds' "
+            f"ratios under x{GAIN:.2f}, or a round the other way)."
         )
     calls = _calls(low_mean, batch_low, high_mean, batch_high)
     if joined:
