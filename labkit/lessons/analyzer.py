@@ -223,7 +223,7 @@ def confirm_winner(
         figures[f"{label.replace(' ', '_')}_against_default"] = Ratio(judged[name][0], "infer/s")
         verdicts[label] = judged[name][1]
     figures["verdicts"] = verdicts
-    figures["requests_per_execution"] = round(batch, 2)
+    figures["the default's requests per execution, in the rounds"] = round(batch, 1)
     noise = search_noise(search)
     if noise is not None:
         figures["spread between configurations that cannot differ"] = Ratio(noise, "infer/s")
