@@ -29,10 +29,10 @@ INSTANCES_ACROSS = (
     "among the instances, at least 1), so on 2 cores one instance keeps one core busy and "
     "leaves the other to the client, the server's own threads and any other step, which wait "
     "most of the time while a long call runs. So a second instance gains where each call is "
-    "long and that core is idle: 07's generations of 64 tokens, 08's long texts, 04's search "
-    "on both cores. It gains up to 2x, as much as that core was idle: less where the client "
-    "and the server's threads take more of it between calls; and it loses where there is no "
-    "idle core at all: 04's rounds, whose server has one core."
+    "long and that core is idle (07's generations of 64 tokens, 08's long texts, 04's search "
+    "on both cores), up to 2x, as much as that core was idle; on a host where other work takes "
+    "that core, it gains nothing; and it loses where there is no idle core at all: 04's "
+    "rounds, whose server has one core."
 )
 
 
