@@ -323,3 +323,11 @@ def test_the_rounds_table_leads_each_verdict_with_the_word_the_index_shows():
     verdicts = dict(zip(table["configuration"], table["verdict"], strict=True))
     assert verdicts == {"d": "the reference", "w": "tie: within the noise",
                         "two": "loss: slower in every round"}  # fmt: skip
+
+
+def test_a_searched_configuration_with_the_defaults_settings_is_said_to_be_one():
+    table = search()
+    table.loc[table["config"] == "w", "change"] = "none"
+    said = lessons.search_findings(table)
+    assert "w has the default's own settings: Model Analyzer's search reaches" in said
+    assert "has the default's own settings" not in lessons.search_findings(search())

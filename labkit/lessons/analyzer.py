@@ -83,6 +83,13 @@ def search_findings(
         for k, rows in search.groupby("instances", sort=True)
     ]
     said = [f"The search measured {', and '.join(groups)}."]
+    twins = search[(search["change"] == "none") & ~search["is_default"]]["config"].tolist()
+    if twins:
+        said.append(
+            f"{', '.join(twins)} {'has' if len(twins) == 1 else 'have'} the default's own "
+            "settings: Model Analyzer's search reaches the default's point again as one of its "
+            "configurations, and measures it as a configuration of its own."
+        )
     clients = int(default["concurrency"])
     noise = search_noise(search)
     if _batch_cannot_matter(search):
