@@ -81,7 +81,9 @@ def test_the_benchmarks_lead_stands_beside_this_runs_with_its_provenance():
         "load average 0.4 at its start) measured the in-flight model at 61.2 output tokens/s"
         in text
     )
-    assert "at 105.8: 1.73x; this run measured 1.73x at the same shape, the same lead within" in text
+    assert (
+        "at 105.8: 1.73x; this run measured 1.73x at the same shape, the same lead within" in text
+    )
 
 
 def test_at_the_notebooks_defaults_the_conclusion_states_vllms_lead_or_the_benchmarks():

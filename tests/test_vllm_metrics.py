@@ -10,18 +10,10 @@ the tokens sent and generated is tested in ``test_vllm_model.py``, beside its sh
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
+from vllm_venv import run_in_vllm_venv
 
 from labkit import profiling
-
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "model_repository" / "smollm2_vllm"
-VENV = ROOT / ".venv-vllm"
 
 #: Lines of /metrics from the real server (Triton 2.51 serving smollm2_vllm, after its warm-up
 #: prompt and 3 requests of 5, 9 and 16 tokens), each histogram cut to a few of its buckets,
@@ -181,18 +173,7 @@ print({"on_the_loop": on_the_loop, "calls": calls})
 @pytest.mark.integration
 def test_the_stat_logger_queues_on_the_engines_loop_and_writes_folded_from_its_thread():
     """Each metric call waits for Triton's answer; vLLM calls the logger on the engine's loop."""
-    import pytriton
-
-    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
-    done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", STAT_LOGGER_SCRIPT, str(MODEL), str(backend)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    seen = run_in_vllm_venv(STAT_LOGGER_SCRIPT)
     assert seen["on_the_loop"] == []  # record() and increment() only queued
     assert {thread for *_, thread in seen["calls"]} == {"vllm-metrics"}
     writes = {(name, what): [] for name, _, what, _, _ in seen["calls"]}

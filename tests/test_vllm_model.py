@@ -35,6 +35,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from vllm_venv import run_in_vllm_venv
 
 from conftest import imported_as_triton_does, wait_for
 from labkit import client, profiling, repository, streaming
@@ -1197,20 +1198,7 @@ def test_vllms_request_errors_are_the_ones_the_model_answers_400():
     """The fast tests' stand-ins follow vLLM's classes; here are vLLM's own: each bound of a
     request's values is a 400 in vLLM's words, and the error generate() wraps other failures in
     is a 500 that names its cause."""
-    import ast
-
-    import pytriton
-
-    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
-    done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", REFUSALS_SCRIPT, str(MODEL), str(backend)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    seen = run_in_vllm_venv(REFUSALS_SCRIPT)
     refused = "vLLM refused the request: "
     assert seen["temperature"][0], seen  # the words the bad-input matrix expects:
     assert seen["temperature"][1].startswith(refused + "temperature must be in [0, 2], got 5")
@@ -1262,20 +1250,7 @@ print({"cancelled": job.task.cancelled(), "asked": Sender.asked, "watching": not
 def test_the_watchdog_survives_a_failed_pass_logs_it_and_still_cancels():
     """Before, one exception in a pass ended the watchdog for the model's life: no cancellation
     reached the engine any more, and nothing said so."""
-    import ast
-
-    import pytriton
-
-    backend = Path(pytriton.__file__).parent / "tritonserver" / "backends" / "python"
-    done = subprocess.run(
-        [str(VENV / "bin" / "python"), "-c", WATCHDOG_SCRIPT, str(MODEL), str(backend)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    seen = run_in_vllm_venv(WATCHDOG_SCRIPT)
     assert seen["cancelled"] and seen["asked"] >= 2 and seen["watching"], seen
     (line,) = [m for m in seen["logged"] if "watchdog pass failed" in m]
     assert "is_cancelled failed once" in line and "the watchdog goes on" in line, line
