@@ -390,3 +390,20 @@ def test_a_level_too_slow_to_measure_even_without_the_rule_is_named_within_one_b
     assert f"--stability-percentage={perf._NO_STABILITY_RULE:.0f}" in second
     stopped = re.search(r"ran past its bound of ([0-9.]+) s", second)
     assert stopped and float(stopped.group(1)) <= 2, second
+
+
+def test_cache_counters_are_read_per_model_and_version_and_as_a_change_since():
+    text = (
+        "# TYPE nv_cache_num_hits_per_model counter\n"
+        'nv_cache_num_hits_per_model{model="m",version="1"} 5\n'
+        "# TYPE nv_cache_num_misses_per_model counter\n"
+        'nv_cache_num_misses_per_model{model="m",version="1"} 4\n'
+        "# TYPE nv_cache_hit_duration_per_model counter\n"
+        'nv_cache_hit_duration_per_model{model="m",version="1"} 10\n'
+    )
+    read = profiling.cache_metrics(text)
+    assert read[["model", "version", "hits", "misses", "avg_hit_us"]].values.tolist() == [
+        ["m", "1", 5.0, 4.0, 2.0]
+    ]
+    assert profiling.cache_metrics(text, since=read)["hits"].tolist() == [0.0]
+    assert profiling.cache_metrics("# nothing here\n").empty

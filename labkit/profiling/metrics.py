@@ -148,22 +148,12 @@ def vllm_metrics(
     to get the counters' change over that interval (the gauges stay current). The buckets are in
     :func:`scrape`'s rows (``..._bucket``, label ``le``).
     """
-    samples = scrape(source, timeout_s)
     columns = ["model", *_VLLM_COUNTERS.values(), *_VLLM_GAUGES.values()]
-    names = {**_VLLM_COUNTERS, **_VLLM_GAUGES}
-    if samples.empty or "model" not in samples:
-        return pd.DataFrame(columns=columns)
-    rows = samples[samples["name"].isin(names) & samples["model"].notna()]
-    if rows.empty:
-        return pd.DataFrame(columns=columns)
-    frame = (
-        rows.assign(metric=rows["name"].map(names))
-        .pivot_table(index="model", columns="metric", values="value", aggfunc="sum")
-        .reindex(columns=columns[1:])
-        .fillna(0.0)
-        .reset_index()
+    frame = _per_model(
+        scrape(source, timeout_s), {**_VLLM_COUNTERS, **_VLLM_GAUGES}, ["model"], columns[1:]
     )
-    frame.columns.name = None
+    if frame is None:
+        return pd.DataFrame(columns=columns)
     counters = list(_VLLM_COUNTERS.values())
     if since is not None and not since.empty:
         before = since.set_index("model")[counters]
@@ -214,21 +204,12 @@ def cache_metrics(
     when no model has the cache enabled, or the server runs without ``--cache-config``.
     ``since=`` an earlier result gives the change over that interval.
     """
-    samples = scrape(source, timeout_s)
     columns = ["model", "version", *_CACHE_PER_MODEL.values()]
-    if samples.empty or "model" not in samples:
-        return pd.DataFrame(columns=columns)
-    rows = samples[samples["name"].isin(_CACHE_PER_MODEL) & samples["model"].notna()]
-    if rows.empty:
-        return pd.DataFrame(columns=columns)
-    frame = (
-        rows.assign(metric=rows["name"].map(_CACHE_PER_MODEL))
-        .pivot_table(index=["model", "version"], columns="metric", values="value", aggfunc="sum")
-        .reindex(columns=list(_CACHE_PER_MODEL.values()))
-        .fillna(0.0)
-        .reset_index()
+    frame = _per_model(
+        scrape(source, timeout_s), _CACHE_PER_MODEL, ["model", "version"], columns[2:]
     )
-    frame.columns.name = None
+    if frame is None:
+        return pd.DataFrame(columns=columns)
     if since is not None and not since.empty:
         before = since.set_index(["model", "version"])[list(_CACHE_PER_MODEL.values())]
         now = frame.set_index(["model", "version"])
@@ -247,3 +228,25 @@ def cache_totals(source, timeout_s: float = 10.0) -> dict[str, float]:
     rows = samples[samples["name"].isin(_CACHE_TOTALS)]
     pairs = zip(rows["name"], rows["value"], strict=True)
     return {_CACHE_TOTALS[name]: float(value) for name, value in pairs}
+
+
+def _per_model(
+    samples: pd.DataFrame, names: dict[str, str], index: list[str], columns: list[str]
+) -> pd.DataFrame | None:
+    """The samples named in ``names`` (metric name -> column), summed per ``index`` (the model,
+    and its version where asked), one column each in ``columns``' order; None when there are
+    none."""
+    if samples.empty or "model" not in samples:
+        return None
+    rows = samples[samples["name"].isin(names) & samples["model"].notna()]
+    if rows.empty:
+        return None
+    frame = (
+        rows.assign(metric=rows["name"].map(names))
+        .pivot_table(index=index, columns="metric", values="value", aggfunc="sum")
+        .reindex(columns=columns)
+        .fillna(0.0)
+        .reset_index()
+    )
+    frame.columns.name = None
+    return frame
