@@ -110,9 +110,9 @@ def scale_out_conclusion(
     cores this process may use); ``load_average`` the host's while measuring; ``batch`` the
     requests one instance runs per execution (1: the model does not batch). ``rounds`` holds every
     round of every configuration, measured in turns (the sweeps are each one's median round):
-    each comparison is judged on its per-round ratios; without them, on the one ratio. The lab starts every server in one session
-    (:func:`labkit.proc.spawn`), so a busy host shares its cores between replicas as it would
-    between one server's instances.
+    each comparison is judged, and shown, by the median of its per-round ratios; without them,
+    by the one ratio. The lab starts every server in one session (:func:`labkit.proc.spawn`), so
+    a busy host shares its cores between replicas as it would between one server's instances.
     """
     sweeps = {"one": one, "instances": instances, "replicas": replicas}
     levels = sorted(
