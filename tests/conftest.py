@@ -314,6 +314,10 @@ def imported_as_triton_does(version_dir: Path, module: str = "model"):
 
 
 # -- the notebooks carry the notebook marker; xdist hands out whole files, longest first -------
+#: tests/test_vllm_lora.py (its own vLLM server) is left out on purpose: listed at 150 s it ran
+#: early, beside notebook 06's and test_vllm_model.py's vLLM engines, and in that fresh-clone
+#: run (6601518) stubs crashed (error 7), two servers aborted (lock_exception) and a held stream
+#: of smollm2_vllm never ended; by tier weight it runs late, beside the fast tests.
 #: Seconds each file took on its worker in a fresh clone's ``make test`` (7496075: 2 workers,
 #: 2 cores, 26:34 in all), the files of 5 s or more. Only the order the workers get files in
 #: depends on it: longest first, so that the two workers end together. Ordered by their tier
@@ -327,7 +331,6 @@ FILE_SECONDS = {
     "notebooks/07_beyond_one_machine.ipynb": 224,
     "notebooks/08_pipelines_and_caching.ipynb": 140,  # measured alone (labkit run 08), not in make test
     "tests/test_vllm_model.py": 173,
-    "tests/test_vllm_lora.py": 150,  # its integration part alone: 88 to 207 s (helper, 05:40-05:51)
     "tests/test_inflight.py": 144,
     "tests/test_analyzer.py": 119,
     "tests/test_gpu_check.py": 103,
@@ -340,7 +343,6 @@ FILE_SECONDS = {
     "notebooks/02_multiple_models.ipynb": 83,
     "tests/test_textgen_server.py": 72,
     "tests/test_pipeline.py": 70,  # measured alone, not in make test
-    "tests/test_vllm_metrics.py": 60,  # measured alone: 51 and 90 s, not in make test
     "tests/test_load.py": 64,
     "tests/test_neuron_serve.py": 60,
     "tests/test_cluster.py": 51,
