@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -507,7 +508,14 @@ def test_vllms_token_counters_and_latency_histograms_count_what_the_requests_too
     labkit.profiling.vllm_metrics, rise by the tokens sent and generated: one time to first
     token per request, one time per output token for each token after the first."""
     sent = {"I am going": 5, "Where is the nearest": 9, "The cat": 16}  # prompt: max_tokens
-    before = profiling.vllm_metrics(server)
+
+    def quiet():  # the writer thread flushes every 0.25 s: an earlier test's tokens come late
+        first = profiling.vllm_metrics(server)
+        time.sleep(0.6)
+        again = profiling.vllm_metrics(server)
+        return (again,) if first.equals(again) and (again["running"] == 0).all() else None
+
+    (before,) = wait_for(quiet, 60, "vLLM's metrics to settle after the earlier tests")
     for prompt, max_tokens in sent.items():
         body = {
             "text_input": prompt,
