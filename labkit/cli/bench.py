@@ -1,4 +1,4 @@
-"""``labkit bench batching | inflight | inflight-soak | soak | pipeline``: benchmarks that write their figures
+"""``labkit bench batching | inflight | frontend | inflight-soak | soak | pipeline``: benchmarks that write their figures
 (JSON and a table)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from labkit import bench, llm_serving, pipeline, soak
+from labkit.llm_serving import frontend
 from labkit.runs import run_folder
 
 
@@ -30,6 +31,7 @@ def register(sub) -> None:
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(handler=_cli_batching)
     _register_inflight(kinds)
+    _register_frontend(kinds)
     d = soak.SoakSettings()
     p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
     p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
@@ -161,6 +163,57 @@ def _register_inflight(kinds) -> None:
     p.add_argument("--run-dir", help="where the copy, logs and figures go (default: runs/...)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.set_defaults(handler=_cli_inflight_soak)
+
+
+def _register_frontend(kinds) -> None:
+    d = frontend.FrontendSettings()
+    p = kinds.add_parser(
+        "frontend",
+        help="vLLM in Triton against vLLM's own server, per dtype, measured in rounds (AIPerf)",
+        description="Every server up at once, pinned alike; each round measures every way once, "
+        "in the opposite order to the round before. Reports each round's ratio of Triton's "
+        "output tokens/s to vLLM's own server's, their median, spread and load average.",
+    )
+    p.add_argument("--model-repository", default="model_repository", help="source model repository")
+    p.add_argument("--vllm-model", default=d.vllm_model, help="vLLM model folder")
+    p.add_argument("--dtype", type=_names, default=d.dtypes, help="float32,bfloat16")
+    p.add_argument("--defaults", action="store_true",
+                   help="also vLLM's own server with its defaults (compiled: a first start of minutes)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=d.rounds)
+    p.add_argument("--concurrency", type=int, default=d.concurrency)
+    p.add_argument("--requests", type=int, default=d.requests, help="requests per measurement")
+    p.add_argument("--clients", choices=["stream", "whole"], default="stream",
+                   help="streaming clients or whole-answer clients")  # fmt: skip
+    p.add_argument("--stream-interval", type=int, default=0,
+                   help="both engines' stream_interval (default: the model's config)")  # fmt: skip
+    p.add_argument("--no-pin", action="store_true", help="do not pin servers and AIPerf apart")
+    p.add_argument(
+        "--run-dir", help="where the copy, logs and AIPerf exports go (default: runs/...)"
+    )
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli_frontend)
+
+
+def _cli_frontend(args) -> int:
+    settings = frontend.FrontendSettings(
+        vllm_model=args.vllm_model,
+        dtypes=args.dtype,
+        defaults=args.defaults,
+        rounds=args.rounds,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        streaming=args.clients == "stream",
+        stream_interval=args.stream_interval,
+        pin=False if args.no_pin else None,
+    )
+    run_dir = run_folder(args.run_dir, notebook="bench-frontend")
+    result = frontend.run(run_dir, settings, source=args.model_repository)
+    text = frontend.table(result)
+    (run_dir / "frontend.txt").write_text(text + "\n")
+    print(text)
+    _also_write(args.json, result)
+    print(f"run folder: {run_dir}")
+    return 0
 
 
 def _names(text: str) -> tuple[str, ...]:

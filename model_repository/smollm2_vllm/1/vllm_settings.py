@@ -31,6 +31,10 @@ class EngineOptions:
     # default; or a list such as "0" or "0-1".
     omp_threads_bind: str = "auto"
     enforce_eager: bool = True  # false: torch.compile at the first start (cached afterwards)
+    # vLLM's stream_interval: a streamed answer gets one response per this many tokens (its
+    # last one at once). 1: a response per token. A request may ask for more in its
+    # sampling_parameters, never fewer.
+    stream_interval: int = 1
     gpu_memory_utilization: float = 0.9  # a GPU host's share of GPU memory for weights and KV
     # Devices with several cores per model (GPUs, NeuronCores): labkit.neuron.vllm writes these.
     tensor_parallel_size: int = 1  # devices (or NeuronCores) one copy of the model spans
@@ -54,6 +58,7 @@ MINIMUM = {
     "max_num_batched_tokens": 16,
     "tensor_parallel_size": 1,
     "start_timeout_s": 1,
+    "stream_interval": 1,
 }
 #: Upper-case parameters with these prefixes become the engine's environment variables (the
 #: platform is chosen by them: VLLM_PLUGINS, NEURON_RT_VISIBLE_CORES, ...).
@@ -191,6 +196,8 @@ def engine_arguments(options: EngineOptions, model: str, adapters: Sequence[Adap
         arguments["tensor_parallel_size"] = options.tensor_parallel_size
     if options.block_size:
         arguments["block_size"] = options.block_size
+    if options.stream_interval > 1:
+        arguments["stream_interval"] = options.stream_interval
     if options.additional_config:
         arguments["additional_config"] = json.loads(options.additional_config)
     if adapters:

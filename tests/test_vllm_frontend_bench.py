@@ -1,0 +1,97 @@
+"""`labkit bench frontend`: the folders each way starts from, the per-round ratios and their
+verdict, the table, and the command line. The rounds themselves (Triton and vLLM's own servers
+up at once, pinned) need two vLLM engines per dtype and run by hand; their figures are in the
+issue's note."""
+
+from __future__ import annotations
+
+import pytest
+
+from labkit.cli import main
+from labkit.errors import ConfigError
+from labkit.llm_serving import frontend, standalone
+from labkit.repository import Repository
+from labkit.settings import project_root
+
+
+def _rows(tokens: dict[str, list[float]]) -> list[dict]:
+    return [
+        {"way": way, "round": i + 1, "output_tokens_per_s": value, "failed": 0}
+        for way, values in tokens.items()
+        for i, value in enumerate(values)
+    ]
+
+
+def test_each_ratio_is_per_round_and_met_only_when_the_median_clears_the_target_by_the_spread():
+    s = frontend.FrontendSettings(dtypes=("float32", "bfloat16"), defaults=True, rounds=3)
+    rows = _rows({
+        "triton_float32": [100, 90, 120],
+        "own_float32": [95, 80, 110],  # 1.053, 1.125, 1.091: median 1.091, spread 0.036: met
+        "own_defaults_float32": [100, 100, 100],
+        "triton_bfloat16": [50, 60, 40],
+        "own_bfloat16": [50, 50, 50],  # 1.0, 1.2, 0.8: median 1.0 does not clear 1.0
+    })  # fmt: skip
+    r = frontend.ratios(rows, s)
+    assert r["float32_vs_own"] == {
+        "rounds": [1.053, 1.125, 1.091], "median": 1.091, "spread": 0.036, "target": 1.0,
+        "met": True,
+    }  # fmt: skip
+    assert r["float32_vs_own_defaults"]["rounds"] == [1.0, 0.9, 1.2]
+    assert r["float32_vs_own_defaults"]["target"] == 0.95
+    assert r["float32_vs_own_defaults"]["met"] is False  # median 1.0 - 0.95 < spread 0.15
+    assert r["bfloat16_vs_own"]["median"] == 1.0 and r["bfloat16_vs_own"]["met"] is False
+    assert "bfloat16_vs_own_defaults" not in r  # not measured: no figure, not a zero
+    result = frontend.FrontendResult(settings={}, host={}, run_dir="", rows=rows, ratios=r,
+                                     load_average=[[1.0, 2.0, 3.0]] * 3)  # fmt: skip
+    text = frontend.table(result)
+    assert "float32_vs_own" in text and "1.053, 1.125, 1.091" in text
+    assert "load average at each round's start: 1/2/3, 1/2/3, 1/2/3" in text
+
+
+def test_each_reference_starts_from_a_folder_with_its_served_ways_settings(tmp_path, monkeypatch):
+    # the copy's relative EXECUTION_ENV_PATH is made absolute by a run's own copy, not here
+    monkeypatch.setattr(frontend, "check_vllm_environment", lambda repo, model: None)
+    repo = Repository(project_root() / "model_repository").copy_to(tmp_path / "repo")
+    s = frontend.FrontendSettings(defaults=True, stream_interval=4)
+    folders = frontend.write_folders(repo, s)
+    assert folders["triton_float32"] == folders["own_float32"] == "smollm2_vllm"
+    assert folders["triton_bfloat16"] == folders["own_bfloat16"] == "smollm2_vllm_bfloat16"
+    settings = standalone.load_settings(repo.model_dir("smollm2_vllm"))
+    for way, dtype, eager in (("own_bfloat16", "bfloat16", True),
+                              ("own_defaults_float32", "float32", False),
+                              ("own_defaults_bfloat16", "bfloat16", False)):  # fmt: skip
+        config = repo.config(folders[way])
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        command, _ = standalone.engine_command(settings, params, "/w", 1, "python")
+        flags = " ".join(command)
+        assert f"--dtype {dtype}" in flags and "--stream-interval 4" in flags
+        assert ("--enforce-eager" in flags) is eager
+
+
+def test_bad_settings_are_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="dtypes must come from"):
+        frontend.FrontendSettings(dtypes=("int8",)).check()
+    with pytest.raises(ConfigError, match="at least the concurrency"):
+        frontend.FrontendSettings(requests=4, concurrency=8).check()
+    with pytest.raises(ConfigError, match="stream_interval"):
+        frontend.FrontendSettings(stream_interval=-1).check()
+    settings = standalone.load_settings(project_root() / "model_repository" / "smollm2_vllm")
+    with pytest.raises(ConfigError, match="'stream_interval' must be >= 1, got 0"):
+        standalone.engine_command(settings, {"stream_interval": "0"}, "/w", 1, "python")
+
+
+def test_the_bench_command_takes_the_frontend_options(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(run_dir, settings, source=None):
+        seen["settings"] = settings
+        raise SystemExit(0)
+
+    monkeypatch.setattr(frontend, "run", fake_run)
+    with pytest.raises(SystemExit):
+        main(["bench", "frontend", "--dtype", "bfloat16", "--defaults", "--rounds", "5",
+              "--stream-interval", "4", "--clients", "whole", "--run-dir", str(tmp_path)])  # fmt: skip
+    s = seen["settings"]
+    assert s.dtypes == ("bfloat16",) and s.defaults and s.rounds == 5
+    assert s.stream_interval == 4 and s.streaming is False
+    assert s.ways() == ["triton_bfloat16", "own_bfloat16", "own_defaults_bfloat16"]
