@@ -420,8 +420,13 @@ class HeldStream:
             answer.close()  # an unfinished stream is cancelled (stop_stream(cancel_requests=True))
             self.done.set()
 
-    def cancel(self, timeout_s: float = 300) -> None:
+    def stop(self) -> None:
+        """Ask the reader to cancel the stream at its next response (it waits for one: a stream
+        still waiting for the engine ends only once it is admitted)."""
         self._stop.set()
+
+    def cancel(self, timeout_s: float = 300) -> None:
+        self.stop()
         assert self.done.wait(timeout_s), "the stream did not end"
 
 
@@ -450,6 +455,21 @@ def test_a_stream_has_one_response_per_token_that_join_to_the_final_text(
     assert len(got) == 16 + 1  # max_tokens pieces, then the final response
     if protocol == "grpc":  # an SSE event does not say that it is the last
         assert got[-1].final and not any(r.final for r in got[:-1])
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_stream_interval_sends_one_response_per_that_many_tokens_with_the_same_text(
+    server, expected
+):
+    """vLLM's stream_interval (the engine's parameter, or a request's own): fewer responses,
+    each carrying several tokens' text, joined to the same answer."""
+    got = list(
+        streaming.responses(server.http_url, "smollm2_vllm", "I am going", stream_interval=4)
+    )
+    assert "".join(r.text for r in got) == expected["I am going"]
+    # vLLM sends the first token at once, then every 4th, then the last: 16 tokens in 5 steps
+    assert 3 <= len(got) <= 16 // 4 + 2, [r.text for r in got]
 
 
 #: Prompts a greedy SmolLM2 answers at length (each still counting after 250 tokens, checked with
@@ -576,6 +596,12 @@ def test_a_full_model_answers_busy_at_once_and_serves_again_when_room_returns(se
         errors = [s.error for s in held if s.error is not None]
         assert errors == [], errors  # every held prompt was admitted, none refused
     finally:
+        # Every stream is told first: cancelled one by one, a waiting stream first in the list
+        # got no response to end on while the generating ones held their slots (2000 tokens
+        # each), and the test waited 300 s for it (it failed so in a fresh-clone make test, and
+        # once run alone, with the engine as it was and as it is).
+        for stream in held:
+            stream.stop()
         for stream in held:
             stream.cancel()
     assert all(stream.error is None for stream in held)
@@ -1238,6 +1264,14 @@ class Sender:  # its first answer to is_cancelled() is an exception, then: the c
         return True
 
 e = engine.VllmEngine("m", engine.EngineOptions(), "/w", None, None, set(), None)
+held_jobs, passes = e._held_jobs, []
+def failing_once():  # the watchdog's first pass fails
+    passes.append(1)
+    if len(passes) == 1:
+        raise RuntimeError("a pass failed once")
+    return held_jobs()
+e._held_jobs = failing_once
+e.outbox.start()
 e._thread.start()
 async def held():
     job = engine.Job(Sender(), SimpleNamespace(answers=1), ["m-0-0"])
@@ -1250,18 +1284,23 @@ deadline = time.monotonic() + 10
 while not job.task.cancelled() and time.monotonic() < deadline:
     time.sleep(0.05)
 print({"cancelled": job.task.cancelled(), "asked": Sender.asked, "watching": not watch.done(),
-       "logged": logged})
+       "logged": logged, "outbox": e.outbox.stats})
 """
 
 
 @pytest.mark.integration
 def test_the_watchdog_survives_a_failed_pass_logs_it_and_still_cancels():
     """Before, one exception in a pass ended the watchdog for the model's life: no cancellation
-    reached the engine any more, and nothing said so."""
+    reached the engine any more, and nothing said so. A failed question to a client (asked from
+    the outbox's thread) is logged and asked again."""
     seen = run_in_vllm_venv(WATCHDOG_SCRIPT)
     assert seen["cancelled"] and seen["asked"] >= 2 and seen["watching"], seen
     (line,) = [m for m in seen["logged"] if "watchdog pass failed" in m]
-    assert "is_cancelled failed once" in line and "the watchdog goes on" in line, line
+    assert "a pass failed once" in line and "the watchdog goes on" in line, line
+    # the question itself is asked from the outbox's thread, whose fault is logged too
+    (line,) = [m for m in seen["logged"] if "cancellation check failed" in m]
+    assert "is_cancelled failed once" in line and "the outbox goes on" in line, line
+    assert seen["outbox"]["faults"] == 1 and seen["outbox"]["asked"] == seen["asked"], seen
 
 
 @pytest.mark.integration

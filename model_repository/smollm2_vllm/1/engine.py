@@ -4,12 +4,15 @@
 request feeds each of its prompts to the engine (as token ids, so the prompt is the tokens
 ``smollm2`` sees) and answers through the request's response sender: one response per token when
 the request says ``"stream": true``, else one final response with the whole answer, which
-``/generate`` needs. A watchdog task checks the clients every :data:`CHECK_S`: a cancelled
-request's task is cancelled, which aborts its sequences in the engine. A request that finds
-``max_num_seqs + max_queue_size`` prompts held already is refused at once, ``busy: ...``. A
-request's sender is never used after its final response: Triton 2.51's server crashed (SIGSEGV in
-``TRITONBACKEND_ResponseFactoryIsCancelled``) when ``is_cancelled()`` was asked of a request that
-had just been answered.
+``/generate`` needs. The loop never talks to Triton itself: its responses, and its questions
+whether a client went away, go to an :class:`~.outbox.Outbox`, whose thread makes those round
+trips. A request's client is asked when the engine hands it a step, at most every
+:data:`ASK_S`, and by a watchdog when it had none for :data:`IDLE_ASK_S` (one still waiting for
+the engine); a request whose client went away has its task cancelled, which aborts its sequences
+in the engine. A request that finds ``max_num_seqs + max_queue_size`` prompts held already is
+refused at once, ``busy: ...``. A request's sender is never used after its final response:
+Triton 2.51's server crashed (SIGSEGV in ``TRITONBACKEND_ResponseFactoryIsCancelled``) when
+``is_cancelled()`` was asked of a request that had just been answered.
 
 A request is read and checked before it comes here (``contract.py``): its vLLM SamplingParams
 are built, its answers are ``n`` per prompt. Without stop strings vLLM does not detokenize and the
@@ -44,6 +47,7 @@ import triton_python_backend_utils as pb_utils
 from .contract import Answer, Request, failure, response
 from .decoupled import FINAL
 from .detokenize import IncrementalText
+from .outbox import Outbox
 from .protocol import busy_response, cancelled_response, error_response
 from .vllm_settings import Adapter, EngineOptions, engine_arguments, queue_limit
 
@@ -71,7 +75,9 @@ except ImportError as exc:
         "again"
     ) from None
 
-CHECK_S = 0.05  # how often the clients are asked whether they went away, and the engine if it lives
+CHECK_S = 0.05  # how often the watchdog runs: whether the engine lives, which clients to ask
+ASK_S = 0.05  # a generating request's client is asked at most this often (on the engine's steps)
+IDLE_ASK_S = 0.5  # a request without steps (waiting for the engine) is asked this often
 LOG_EVERY_S = 10.0  # a watchdog pass that keeps failing is logged at most this often
 
 
@@ -82,14 +88,15 @@ REFUSALS = (VLLMClientError,)
 
 @dataclass(frozen=True)
 class Step:
-    """One answer's state after an engine step (copied: vLLM's cumulative output grows on)."""
+    """What one engine step added to one answer (vLLM's delta output: only what is new, so an
+    answer of n tokens costs O(n) to follow, not O(n²))."""
 
     answer: int  # the answer's place in the request: prompt x n + vLLM's completion index
-    tokens: list[int]
-    text: str  # vLLM's text (only when it detokenizes: stop strings)
+    tokens: list[int]  # the tokens it added (several with stream_interval > 1)
+    text: str  # the text they added (vLLM's; only when it detokenizes: stop strings)
     finish_reason: str | None
-    cumulative_logprob: float | None
-    logprobs: list | None
+    cumulative_logprob: float | None  # the answer's so far
+    logprobs: list | None  # the added tokens' logprobs
 
 
 @dataclass(eq=False)
@@ -102,13 +109,19 @@ class Job:
     request: Request
     ids: list[str]  # the engine's request id of each prompt
     answers: list[Answer] = field(default_factory=list)
-    new: list[list[int]] = field(default_factory=list)  # each answer's tokens so far
+    new: list[list[int]] = field(default_factory=list)  # each answer's tokens so far (to its EOS)
+    ended: list[bool] = field(default_factory=list)  # each answer met its end-of-sequence token
     emitted: list[str] = field(default_factory=list)  # each answer's text sent so far
     texts: list[IncrementalText] = field(default_factory=list)  # each answer's pieces, decoded
     sent: bool = False  # a response went out already
-    # Its final response went out: its sender is never touched again (Triton 2.51 crashes in
-    # is_cancelled() of a request whose final response was sent).
+    # Its final response is queued (loop thread): nothing more is queued for it, and the watchdog
+    # no longer asks about its client.
     finished: bool = False
+    # Its final response went out (the outbox's thread alone sets it): its sender is never
+    # touched again (Triton 2.51 crashes in is_cancelled() of a request whose final response was
+    # sent).
+    closed: bool = False
+    asked: float = 0.0  # when its client was last asked whether it went away (monotonic)
     cancelling: bool = False  # its task was cancelled (once: a second would cut its cleanup short)
     task: asyncio.Task | None = None
 
@@ -153,12 +166,14 @@ class VllmEngine:
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="vllm-loop", daemon=True
         )
+        self.outbox = Outbox(name, self._gone)
         self.llm: AsyncLLM | None = None
 
     # -- start and stop ---------------------------------------------------------------------------
     def start(self, warmup_ids: list[int]) -> float:
         """Start the engine and answer one prompt; return the seconds it took."""
         started = time.monotonic()
+        self.outbox.start()
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start(warmup_ids), self._loop)
         timeout_s = self.options.start_timeout_s
@@ -211,6 +226,7 @@ class VllmEngine:
             )
             with contextlib.suppress(Exception):
                 future.result(timeout=timeout_s)
+            self.outbox.flush(timeout_s)  # the final responses go out before the engine stops
         if self.llm is not None:
             self.llm.shutdown(timeout=timeout_s)
             self.llm = None
@@ -224,6 +240,9 @@ class VllmEngine:
                 future.result(timeout=timeout_s)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout_s)
+        self.outbox.close(timeout_s)  # what the wind-down answered goes out; no sender is kept
+        if self.metrics is not None:  # the last counts are written; its thread ends
+            self.metrics.close()
         self._jobs.clear()
         gc.collect()
         self._log_stats("stopped")
@@ -264,6 +283,7 @@ class VllmEngine:
                 )
                 job.answers = [Answer() for _ in range(count)]
                 job.new = [[] for _ in range(count)]
+                job.ended = [False] * count
                 job.emitted = [""] * count
                 job.texts = [
                     IncrementalText(prompts[i // request.n], self.decode_ids) for i in range(count)
@@ -327,6 +347,7 @@ class VllmEngine:
                     running -= 1
                     continue
                 self._advance(job, step)
+                self._ask(job, ASK_S)  # the engine's step: a moment to ask about the client
             self._answer(job)
             self.stats["answered"] += 1
         except asyncio.CancelledError:  # the watchdog saw the client go away, or a stop
@@ -334,9 +355,6 @@ class VllmEngine:
         except EngineDeadError as exc:
             self._crashed(exc)
         except Exception as exc:  # noqa: BLE001 (one bad request must not stop the model)
-            if not job.finished and job.sender.is_cancelled():  # a send to a gone client
-                await self._cancelled(job, rows)
-                return
             said = failure(exc, REFUSALS)
             if said.client:  # vLLM refused the request's own values as it took it in
                 self._finish(job, error_response(said.message))
@@ -386,25 +404,28 @@ class VllmEngine:
             updates.put_nowait((None, exc))
 
     def _advance(self, job: Job, step: Step) -> None:
-        """Record an answer's step; a streaming request gets the text its new token adds."""
+        """Record what a step added to an answer; a streaming request gets the text it adds."""
         i = step.answer
         record = job.answers[i]
-        record.tokens = len(step.tokens)
+        record.tokens += len(step.tokens)
         record.finish_reason = step.finish_reason
         record.cumulative_logprob = step.cumulative_logprob
-        record.logprobs = step.logprobs
+        if step.logprobs is not None:
+            if record.logprobs is None:
+                record.logprobs = []
+            record.logprobs.extend(step.logprobs)
+        new = job.new[i]
         if job.request.vllm_text:  # vLLM's text: it ends before a stop string
-            record.text = step.text
-            grew = len(step.tokens) > len(job.new[i])
-            job.new[i] = step.tokens
-            emitted = job.emitted[i]
-            piece = step.text[len(emitted) :] if step.text.startswith(emitted) else ""
+            record.text += step.text
+            new.extend(step.tokens)
+            grew, piece = bool(step.tokens), step.text
         else:
-            tokens = until_eos(step.tokens, self.eos_ids)
-            grew = len(tokens) > len(job.new[i])
-            self.stats["tokens"] += len(tokens) - len(job.new[i])
-            job.new[i] = tokens
-            piece = job.texts[i].piece(tokens) if grew and job.request.prompts.stream else ""
+            added = [] if job.ended[i] else until_eos(step.tokens, self.eos_ids)
+            job.ended[i] = job.ended[i] or len(added) < len(step.tokens)
+            new.extend(added)
+            self.stats["tokens"] += len(added)
+            grew = bool(added)
+            piece = job.texts[i].piece(new) if grew and job.request.prompts.stream else ""
         if not (grew and job.request.prompts.stream):
             return
         job.emitted[i] += piece
@@ -439,16 +460,28 @@ class VllmEngine:
         return response(job.request, pieces, job.answers, counts)
 
     def _send(self, job: Job, pieces: list[str], flags: int = 0) -> None:
-        """One streamed response."""
+        """One streamed response, queued for the outbox."""
         job.finished = bool(flags & FINAL)
-        job.sender.send(self._response(job, pieces), flags=flags)
+        self.outbox.send(job, self._response(job, pieces), flags)
 
-    @staticmethod
-    def _finish(job: Job, response) -> None:
-        """Send ``job`` its final response, once."""
+    def _finish(self, job: Job, response) -> None:
+        """Queue ``job``'s final response, once."""
         if not job.finished:
             job.finished = True
-            _send_final(job.sender, response)
+            self.outbox.send(job, response, FINAL)
+
+    def _ask(self, job: Job, every_s: float) -> None:
+        """Queue the question whether ``job``'s client went away, unless asked within ``every_s``
+        (loop thread: nothing is asked once its final response is queued)."""
+        now = time.monotonic()
+        if not (job.finished or job.cancelling) and now - job.asked >= every_s:
+            job.asked = now
+            self.outbox.ask(job)
+
+    def _gone(self, job: Job) -> None:
+        """The outbox found ``job``'s client gone: its task is cancelled, in the loop's thread."""
+        with contextlib.suppress(RuntimeError):  # the loop closed: the stop ends the task
+            self._loop.call_soon_threadsafe(self._cancel_job, job)
 
     def _held_jobs(self) -> list[Job]:
         with self._lock:  # execute's thread adds jobs while the loop's thread looks
@@ -462,7 +495,8 @@ class VllmEngine:
 
     # -- the watchdog -----------------------------------------------------------------------------
     async def _watch(self) -> None:
-        """Cancel the task of each request whose client went away; notice a dead engine.
+        """Notice a dead engine; ask about the clients of requests the engine has not stepped
+        for :data:`IDLE_ASK_S` (the others are asked on their steps).
 
         A pass that fails is logged and the next one runs: one exception must not end
         cancellation and the engine's death watch for the rest of the model's life."""
@@ -484,10 +518,8 @@ class VllmEngine:
     def _watch_once(self) -> bool:
         """One pass of the watchdog; True once the engine is dead (the watch then ends)."""
         for job in self._held_jobs():
-            if job.finished or job.cancelling or job.task is None or job.task.done():
-                continue
-            if job.sender.is_cancelled():
-                self._cancel_job(job)
+            if job.task is not None and not job.task.done():
+                self._ask(job, IDLE_ASK_S)
         if self.llm is not None and self.llm.errored and self.failure is None:
             self._crashed(self.llm.dead_error)
             return True
@@ -518,7 +550,7 @@ class VllmEngine:
 
     def _end_stub(self) -> None:
         """Shut the engine's remaining processes down, then end this stub process."""
-        time.sleep(0.5)  # the failed requests' responses are on their way out
+        self.outbox.flush(5.0)  # the failed requests' responses go out first
         with contextlib.suppress(Exception):
             if self.llm is not None:
                 self.llm.shutdown(timeout=10)
@@ -526,9 +558,11 @@ class VllmEngine:
 
     def _log_stats(self, what: str) -> None:
         s = self.stats
+        o = self.outbox.stats
         pb_utils.Logger.log_info(
             f"{self.name}: vLLM engine {what}: {s['answered']} answered, {s['tokens']} tokens, "
-            f"{s['cancelled']} cancelled, {s['busy']} refused busy, {s['failed']} failed"
+            f"{s['cancelled']} cancelled, {s['busy']} refused busy, {s['failed']} failed; "
+            f"{o['sent']} responses sent, {o['asked']} clients asked, {o['faults']} send faults"
         )
 
 
@@ -541,8 +575,10 @@ SAMPLING_FIELDS = typing.get_type_hints(SamplingParams)
 def sampling_params(fields: dict) -> SamplingParams:
     """vLLM's sampling parameters from a request's checked fields (temperature 0: greedy; top_k
     0: off, in vLLM too). Without stop strings vLLM does not detokenize: the model decodes as
-    smollm2 does (see model.py), and its greedy answers equal smollm2's."""
-    return SamplingParams(**fields, output_kind=RequestOutputKind.CUMULATIVE)
+    smollm2 does (see model.py), and its greedy answers equal smollm2's. Each step's output holds
+    what is new (DELTA): vLLM 0.32's stream_interval works only so (with cumulative outputs it
+    sent every token anyway)."""
+    return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
 
 
 def until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -613,10 +649,3 @@ async def _cancel(tasks: list[asyncio.Task]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _send_final(sender, response) -> None:
-    try:
-        sender.send(response, flags=FINAL)
-    except Exception as exc:  # noqa: BLE001 (the request is gone, e.g. cancelled)
-        pb_utils.Logger.log_info(f"final response not sent: {exc!r}")

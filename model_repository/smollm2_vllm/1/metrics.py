@@ -117,9 +117,15 @@ class EngineMetrics:
         self._queue.put(report)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Write what is queued, then end the writer thread."""
+        """Write what is queued, end the writer thread, then let the metrics and their families
+        go while the stub can still tell the server. (Left to the interpreter's exit, their
+        destructors crashed the stub at unload: "Segfault encountered" after the engine stopped.
+        While the writer thread lived, its frame kept them, so nothing was ever freed.)"""
         self._queue.put(None)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.metrics.clear()  # a family must outlive its metrics
+            self.families.clear()
 
     def logger_factory(self):
         """The stat logger class vLLM instantiates (``stat_loggers=[...]``)."""
