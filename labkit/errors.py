@@ -19,6 +19,11 @@ class ServerTimeoutError(ServerError, TimeoutError):
     """The server did not become ready (or stop) within its bound."""
 
 
+class StalledStartError(ServerTimeoutError):
+    """The server's start stopped moving: no log line and no CPU spent for a while
+    (:mod:`labkit.server.stall`)."""
+
+
 class PortInUseError(ServerError, OSError):
     """A port the server was asked to bind is taken."""
 

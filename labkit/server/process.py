@@ -31,7 +31,13 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from labkit.errors import MissingDependencyError, PortInUseError, ServerError, ServerTimeoutError
+from labkit.errors import (
+    MissingDependencyError,
+    PortInUseError,
+    ServerError,
+    ServerTimeoutError,
+    StalledStartError,
+)
 from labkit.proc import (
     Addresses,
     Child,
@@ -50,6 +56,7 @@ from labkit.repository.folder import ENVIRONMENT_PARAMETER, EXECUTION_ENV_PATH
 from labkit.server.frontend import OpenAIFrontend, check_port, plan_frontend
 from labkit.server.image import ngc_image, require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
+from labkit.server.stall import STALL_S, StallWatch, models_still_loading
 from labkit.settings import (
     DEFAULT_IMAGE,
     TOKEN_VARIABLES,
@@ -82,6 +89,10 @@ class TritonServer(Child, Addresses):
 
     ``cores`` pins the server, its model stubs and what they start to those CPU cores (a
     benchmark keeps its load generator off them).
+
+    ``stall_s``: a local start that shows no work for this long (no log line, no CPU spent by
+    the server or its stubs: :mod:`labkit.server.stall`) is stopped and started once more;
+    ``None`` leaves only ``startup_timeout_s``.
 
     ``cache_size`` (bytes) turns on Triton's response cache (the ``local`` cache, that many
     bytes shared by every model whose config says ``response_cache { enable: true }``). The
@@ -125,6 +136,7 @@ class TritonServer(Child, Addresses):
         cores: tuple[int, ...] | None = None,
         cache_size: int | None = None,
         openai_port: int | None = None,
+        stall_s: float | None = STALL_S,
     ) -> None:
         self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
@@ -135,6 +147,7 @@ class TritonServer(Child, Addresses):
         self.load_models = [load_models] if isinstance(load_models, str) else list(load_models)
         self.startup_timeout_s = startup_timeout_s_setting(startup_timeout_s)
         self.stop_timeout_s = stop_timeout_s
+        self.stall_s = stall_s  # a local start idle this long is started again; None: never
         self.extra_args = list(extra_args or [])
         self.extra_env = dict(env or {})
         self.cores = tuple(cores) if cores else None  # pinned to these CPU cores, stubs included
@@ -358,10 +371,17 @@ class TritonServer(Child, Addresses):
         if self.running:
             return self
         picked = all(port == 0 for port in self._requested_ports.values())
-        aborted = False
+        aborted = stalled = False
         for attempt in range(1, PORT_ATTEMPTS + 1):
             try:
                 return self._start_once()
+            except StalledStartError as exc:
+                # Seen once, in CI: Triton 2.51 stopped moving after every stub of a model had
+                # initialised (labkit.server.stall). Start once more; a second stall is the user's.
+                if stalled or attempt == PORT_ATTEMPTS:
+                    raise
+                stalled = True
+                log.warning("%s; starting it again", str(exc).split("\n", 1)[0])
             except PortInUseError:
                 # A free port was taken by another process between our pick and Triton's bind
                 # (a busy machine starts kernels and servers all the time): pick again.
@@ -464,6 +484,11 @@ class TritonServer(Child, Addresses):
         """
         bound = timeout_s or self.startup_timeout_s
         waiting_for: str | None = None
+        # a local server's tree is visible here (docker's is the engine's, remote's elsewhere)
+        local = self._process is not None and self.mode == "local" and self.stall_s
+        watch = (
+            StallWatch(self._process.pid, self.log_path, stall_s=self.stall_s) if local else None
+        )
 
         def ready() -> bool:
             nonlocal waiting_for
@@ -472,6 +497,8 @@ class TritonServer(Child, Addresses):
                 if self._process.poll() is not None:
                     self._raise_exited()
             waiting_for = self.not_ready()
+            if waiting_for is not None and watch is not None and watch.stalled():
+                self._raise_stalled(watch, waiting_for)
             return waiting_for is None
 
         if not wait_until(ready, bound, 0.05, max_interval_s=1.0):
@@ -502,6 +529,18 @@ class TritonServer(Child, Addresses):
         if "--allow-metrics=false" not in self.extra_args and not http_ok(self.metrics_url):
             return f"metrics at {self.metrics_url}"
         return None
+
+    def _raise_stalled(self, watch: StallWatch, waiting_for: str) -> None:
+        text = ""
+        if self.log_path and self.log_path.exists():
+            text = self.log_path.read_bytes()[-256_000:].decode("utf-8", "replace")
+        stuck = models_still_loading(text)
+        raise StalledStartError(
+            f"tritonserver stopped moving while starting: for {watch.idle_for_s():.0f} s it "
+            f"wrote no log line and it and its stubs spent under {watch.idle_cpu_s:g} s of CPU"
+            + (f", with {', '.join(map(repr, stuck))} still loading" if stuck else "")
+            + f" (still waiting for {waiting_for})\n{self.log_tail()}"
+        )
 
     def _raise_exited(self) -> None:
         code = self._process.returncode
