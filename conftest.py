@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 
+import nbformat
 import nbmake.pytest_items
+import papermill.iorw
+import papermill.parameterize
 from nbmake.nb_result import NotebookError, NotebookResult
 
 # tests/test_tiers.py runs planted tests through the fast tier's guard (tests/conftest.py).
@@ -73,9 +78,46 @@ def internal_outputs(nb) -> list[tuple[int, str]]:
     return found
 
 
+#: The sizes ``make test`` runs the long notebooks at, injected after each one's parameters cell
+#: as papermill injects ``labkit run -p``'s. A test proves that a notebook runs clean end to end on
+#: a real server; the full sizes, where each lesson's effect shows, are ``make demo``'s (and the
+#: executed HTML a learner reads). Every name here must be a parameter of its notebook
+#: (tests/test_notebook_hygiene.py checks it), so a renamed parameter cannot quietly undo a size.
+TEST_PARAMETERS: dict[str, dict[str, object]] = {
+    "03_dynamic_batching.ipynb": {"CONCURRENCY": [1, 8], "REQUEST_COUNT": 8},
+    # one batch size searched (4): the default and one change per instance count, two rounds
+    "04_model_analyzer.ipynb": {"MAX_MODEL_BATCH_SIZE": 4, "REQUEST_COUNT": 6, "ROUNDS": 2},
+    # the two ways served by Triton; vLLM's own server and the bfloat16 twin are demo-only
+    "06_inflight_batching.ipynb": {"WAYS": ["inflight", "vllm"], "REQUESTS": 16, "ANSWERS": 4},
+    "07_beyond_one_machine.ipynb": {"REQUEST_COUNT": 12, "MAX_TOKENS": 16},
+    "08_pipelines_and_caching.ipynb": {
+        "ROUNDS": 2,
+        "REQUEST_COUNT": 10,
+        "HIT_ROUNDS": 2,
+        "TEXTS_PER_ROUND": 10,
+    },
+}
+
+
 class _CleanRun(nbmake.pytest_items.NotebookRun):
     def execute(self) -> NotebookResult:
-        result = super().execute()
+        parameters = TEST_PARAMETERS.get(Path(self.filename).name)
+        if not parameters:
+            return self._checked(super().execute())
+        # nbmake runs the file it is given: give it a copy with the test sizes injected
+        shipped = Path(self.filename)
+        nb = papermill.parameterize.parameterize_notebook(
+            papermill.iorw.load_notebook_node(str(shipped)), parameters
+        )
+        with tempfile.TemporaryDirectory(prefix="nbmake-") as folder:
+            self.filename = Path(folder) / shipped.name
+            nbformat.write(nb, self.filename)
+            try:
+                return self._checked(super().execute())
+            finally:
+                self.filename = shipped
+
+    def _checked(self, result: NotebookResult) -> NotebookResult:
         if result.error is None:
             unclean = unclean_outputs(result.nb) + [
                 (i, f"internal text a learner should not read: {shown}")
