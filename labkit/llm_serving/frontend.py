@@ -34,6 +34,7 @@ from labkit.runs import write_result
 from labkit.server import serving, warm_up
 
 from .measure import row_figures
+from .rounds import plain_settings
 from .schedulers import VLLM_DTYPES, StudySettings, check_vllm_environment, workload
 from .standalone import SERVED_NAME, start_standalone
 
@@ -130,7 +131,9 @@ def run(
     folders = write_folders(repo, s)
     w = workload("mixed", study)
     server_cores, client_cores = study.cores()
-    result = FrontendResult(settings=_plain(asdict(s)), host=host_facts(), run_dir=str(run_dir))
+    result = FrontendResult(
+        settings=plain_settings(asdict(s)), host=host_facts(), run_dir=str(run_dir)
+    )
     if server_cores is not None:
         result.host["server_cores"] = format_cores(server_cores)
         result.host["client_cores"] = format_cores(client_cores)
@@ -277,7 +280,3 @@ def table(result: FrontendResult) -> str:
             f"{'yes' if r['met'] else 'no'}"
         )
     return "\n".join(lines)
-
-
-def _plain(settings: dict) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}

@@ -161,7 +161,7 @@ def compare(
     names = write_scheduler_folders(repo, study)
     w = workload("mixed", study)
     server_cores, client_cores = s.cores()
-    result = Comparison(settings=_plain(asdict(s)), host=host_facts(), run_dir=str(run_dir))
+    result = Comparison(settings=plain_settings(asdict(s)), host=host_facts(), run_dir=str(run_dir))
     if server_cores is not None:
         result.host["server_cores"] = format_cores(server_cores)
         result.host["client_cores"] = format_cores(client_cores)
@@ -239,5 +239,6 @@ def _rounds(run_dir: Path, targets: dict, w, s: CompareSettings, cores, result, 
     return rows
 
 
-def _plain(settings: dict) -> dict:
+def plain_settings(settings: dict) -> dict:
+    """``settings`` (a dataclass's ``asdict``) with its tuples as lists, as JSON writes them."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}

@@ -131,8 +131,8 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
     made from the served config: ``"Hello"`` for a string tensor, zeros for a numeric one, each
     dim -1 taken as 1; a text model with a ``max_tokens`` parameter is asked for 2 tokens. A
     decoupled model (which HTTP ``/infer`` cannot serve, and ``/generate`` refuses when it sends one
-    response per token) is warmed through ``/generate_stream`` when its input is ``text_input``,
-    else left cold, with a log line.
+    response per token) is warmed through ``/generate_stream`` when its one required input is
+    ``text_input`` (vLLM's model has optional others), else left cold, with a log line.
     """
     config = served_config(server, name)
     instances = instance_count(config)
@@ -140,8 +140,9 @@ def warm_up(server: TritonServer, name: str, *, count: int = 2, timeout_s: float
     decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
     parameters = {"max_tokens": 2} if "max_tokens" in config.get("parameters", {}) else {}
     if decoupled:
-        if [t.get("name") for t in inputs] != ["text_input"]:
-            log.info("not warming %s: a decoupled model without a text_input", name)
+        required = [t.get("name") for t in inputs if not t.get("optional", False)]
+        if required != ["text_input"]:
+            log.info("not warming %s: a decoupled model that needs more than a text_input", name)
             return 0
         body = json.dumps({"text_input": "Hello", **parameters}).encode()
         url = f"http://{server.http_url}/v2/models/{name}/generate_stream"
