@@ -168,6 +168,34 @@ def test_stop_removes_the_shared_memory_a_killed_stub_left_behind(tmp_path, star
     assert not any(os.path.exists(r) for r in region)
 
 
+# an engine's segment (vLLM's message queues are psm_ files): made, named, never unlinked
+SEGMENT_MODEL = """
+import os
+from multiprocessing import resource_tracker, shared_memory
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.segment = shared_memory.SharedMemory(create=True, size=1 << 20)
+        resource_tracker.unregister(self.segment._name, "shared_memory")  # as if killed
+        with open(os.path.join(args["model_repository"], "segment"), "w") as f:
+            f.write(self.segment.name)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.integration
+def test_stop_removes_the_shared_memory_an_engine_under_a_stub_left_behind(tmp_path, start_server):
+    repo = tmp_path / "repo"
+    write_python_model(repo, "engine", SEGMENT_MODEL)
+    server = start_server(repo)
+    segment = Path("/dev/shm") / (repo / "engine" / "segment").read_text()
+    assert segment.name.startswith("psm_") and segment.exists()
+    server.stop()
+    assert not segment.exists()
+
+
 SLOW_MODEL = """
 import time
 

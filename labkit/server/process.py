@@ -29,6 +29,7 @@ import uuid
 import weakref
 from pathlib import Path
 
+import psutil
 from tritonclient.utils import InferenceServerException
 
 from labkit.errors import (
@@ -578,7 +579,7 @@ class TritonServer(Child, Addresses):
             shutil.rmtree(_configs_folder(self._container), ignore_errors=True)
             self._container = None
             self.container_name = _new_container_name()  # --rm may still be removing this one
-        regions = sorted(self._shm_regions.union(_shm_regions(process.pid)))
+        regions = sorted(self._shm_regions.union(_tree_shm(process.pid)))
         self._shm_regions = set()
         if process.poll() is None:
             loaded = self._loaded_versions()
@@ -720,16 +721,38 @@ def _grpc_ready(address: str) -> bool:
 
 
 SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
+#: Python's multiprocessing.shared_memory segments, which a model's engine may make: vLLM's
+#: message queues between its engine and its workers (160-240 MiB each). An engine killed with
+#: its server leaves them behind: one notebook 06 run left 240 MiB in /dev/shm.
+ENGINE_SHM_PREFIX = "/dev/shm/psm_"
+
+
+def _mapped(pid: int, prefixes: tuple[str, ...]) -> set[str]:
+    """The files under ``prefixes`` that process ``pid`` has mapped (not those unlinked)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            paths = {line.split(None, 5)[-1].strip() for line in maps if "/dev/shm/" in line}
+    except OSError:
+        return set()
+    return {path for path in paths if path.startswith(prefixes) and " " not in path}
 
 
 def _shm_regions(pid: int) -> list[str]:
     """The Python-backend shared-memory files that process ``pid`` has mapped."""
+    return sorted(_mapped(pid, (SHM_PREFIX,)))
+
+
+def _tree_shm(pid: int) -> list[str]:
+    """The Python-backend regions and engine segments mapped by ``pid`` or any process under it
+    (its stubs, and the engines they start)."""
     try:
-        with open(f"/proc/{pid}/maps") as maps:
-            paths = {line.split(None, 5)[-1].strip() for line in maps if SHM_PREFIX in line}
-    except OSError:
-        return []
-    return sorted(path for path in paths if path.startswith(SHM_PREFIX) and " " not in path)
+        tree = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        tree = [pid]
+    found: set[str] = set()
+    for member in tree:
+        found |= _mapped(member, (SHM_PREFIX, ENGINE_SHM_PREFIX))
+    return sorted(found)
 
 
 def _copy_redacted(stream, sink, secrets: list[bytes]) -> None:
