@@ -1354,6 +1354,16 @@ def test_an_unload_lets_a_live_stream_finish_whole(server, expected):
 # -- last: this test unloads the model --------------------------------------------------------
 @pytest.mark.integration
 @pytest.mark.slow
+def test_warm_up_reaches_the_vllm_model_through_generate_stream(server):
+    # its inputs other than text_input are optional: warm_up used to leave it cold, so notebook
+    # 06's and the frontend bench's first measured vLLM requests paid for the engine's first steps
+    from labkit.server import warm_up
+
+    assert warm_up(server, "smollm2_vllm") == 2  # two requests to its one instance, both answered
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_back(
     server, expected
 ):
@@ -1410,13 +1420,3 @@ def test_labkit_serve_leaves_out_a_model_whose_environment_is_missing_and_names_
     (tmp_path / ".venv-vllm" / "bin").mkdir(parents=True)
     (tmp_path / ".venv-vllm" / "bin" / "python").write_text("")
     assert repository.models_to_serve(source) == ["plain", "smollm2_vllm"]
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_warm_up_reaches_the_vllm_model_through_generate_stream(server):
-    # its inputs other than text_input are optional: warm_up used to leave it cold, so notebook
-    # 06's and the frontend bench's first measured vLLM requests paid for the engine's first steps
-    from labkit.server import warm_up
-
-    assert warm_up(server, "smollm2_vllm") == 2  # two requests to its one instance, both answered
