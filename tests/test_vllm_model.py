@@ -1370,6 +1370,9 @@ def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_ba
     stub, children = engine_processes(server)
     workers = [p for p in children if "Worker" in " ".join(p.cmdline())]
     assert workers, [p.cmdline() for p in children]
+    # vLLM's message queues between engine core and worker: /dev/shm files a dead engine leaves
+    segments = {m.path for p in children for m in p.memory_maps() if "/dev/shm/psm_" in m.path}
+    assert segments, "the engine maps no psm_ segment: the check below would check nothing"
     os.kill(workers[0].pid, signal.SIGKILL)
     try:
         client.generate(server.http_url, "smollm2_vllm", "Hi")
@@ -1377,6 +1380,7 @@ def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_ba
         assert re.search(r"the vLLM engine stopped|not healthy|unavailable", str(exc)), exc
     wait_for(lambda: "smollm2_vllm" in unhealthy(server), 120, "the stub to end")
     assert "the vLLM engine stopped" in server_log(server)
+    assert not [path for path in segments if os.path.exists(path)]  # the ending stub removed them
     assert recover(server) == ["smollm2_vllm"]
     wait_for(
         lambda: stubs(server).get("smollm2_vllm") and not unhealthy(server),

@@ -168,6 +168,7 @@ class VllmEngine:
         )
         self.outbox = Outbox(name, self._gone)
         self.llm: AsyncLLM | None = None
+        self.segments: list[str] = []  # the engine's shared memory, removed if it dies
 
     # -- start and stop ---------------------------------------------------------------------------
     def start(self, warmup_ids: list[int]) -> float:
@@ -195,6 +196,7 @@ class VllmEngine:
             self.stop()
             end_children()
             raise
+        self.segments = engine_segments()
         return time.monotonic() - started
 
     async def _start(self, warmup_ids: list[int]) -> None:
@@ -554,6 +556,10 @@ class VllmEngine:
         with contextlib.suppress(Exception):
             if self.llm is not None:
                 self.llm.shutdown(timeout=10)
+        end_children()
+        for path in self.segments:  # a dead engine process cannot unlink what it made
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         os._exit(70)
 
     def _log_stats(self, what: str) -> None:
@@ -601,6 +607,21 @@ def end_children(timeout_s: float = 10.0) -> int:
         while time.monotonic() < deadline and any(map(_running, pids)):
             time.sleep(0.1)
     return len(pids)
+
+
+def engine_segments() -> list[str]:
+    """The shared-memory files (Python's ``psm_`` segments) that the processes under this stub
+    have mapped: vLLM's message queues between its engine core and its workers (160 and 240 MiB
+    here). An engine whose worker dies never unlinks them."""
+    found: set[str] = set()
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split(None, 5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/dev/shm/psm_") and " " not in path:
+                    found.add(path)
+    return sorted(found)
 
 
 def _descendants(root: int) -> list[int]:
