@@ -86,12 +86,18 @@ def internal_outputs(nb) -> list[tuple[int, str]]:
 TEST_PARAMETERS: dict[str, dict[str, object]] = {
     # 4 new tokens a request: every window, and the paced arrivals (spaced by its compute), halve
     "03_dynamic_batching.ipynb": {"CONCURRENCY": [1, 8], "REQUEST_COUNT": 8, "MAX_TOKENS": 4},
-    # one batch size searched (4): the default and one change per instance count, two rounds
-    "04_model_analyzer.ipynb": {"MAX_MODEL_BATCH_SIZE": 4, "REQUEST_COUNT": 6, "ROUNDS": 2},
+    # one instance, one batch size searched (4): the default and that change, two rounds
+    "04_model_analyzer.ipynb": {
+        "MAX_INSTANCE_COUNT": 1,
+        "MAX_MODEL_BATCH_SIZE": 4,
+        "REQUEST_COUNT": 6,
+        "ROUNDS": 2,
+    },
     # the two ways served by Triton (vLLM's own server and the bfloat16 twin are demo-only), one
-    # answer of at most 32 tokens per client a measurement
+    # round, one answer of at most 32 tokens per client
     "06_inflight_batching.ipynb": {
         "WAYS": ["inflight", "vllm"],
+        "ROUNDS": 1,
         "REQUESTS": 8,
         "MAX_TOKENS_HIGH": 32,
         "ANSWERS": 2,
