@@ -93,10 +93,10 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
         "REQUEST_COUNT": 6,
         "ROUNDS": 2,
     },
-    # the two ways served by Triton (vLLM's own server and the bfloat16 twin are demo-only), one
-    # round, one answer of at most 32 tokens per client
+    # no bfloat16 twin (the vllm way's code in another dtype; demo-only), one round, one answer
+    # of at most 32 tokens per client; vLLM's own server stays: the suite's one real run of it
     "06_inflight_batching.ipynb": {
-        "WAYS": ["inflight", "vllm"],
+        "WAYS": ["inflight", "vllm", "vllm-standalone"],
         "ROUNDS": 1,
         "REQUESTS": 8,
         "MAX_TOKENS_HIGH": 32,

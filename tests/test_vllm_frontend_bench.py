@@ -5,10 +5,13 @@ issue's note."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from labkit.cli import main
-from labkit.errors import ConfigError
+from labkit.errors import ConfigError, ServerError
 from labkit.llm_serving import frontend, standalone
 from labkit.repository import Repository
 from labkit.settings import project_root
@@ -95,3 +98,51 @@ def test_the_bench_command_takes_the_frontend_options(monkeypatch, tmp_path):
     assert s.dtypes == ("bfloat16",) and s.defaults and s.rounds == 5
     assert s.stream_interval == 4 and s.streaming is False
     assert s.ways() == ["triton_bfloat16", "own_bfloat16", "own_defaults_bfloat16"]
+
+
+def _completions_server(status: int):
+    """A loopback HTTP server answering /v1/completions with ``status``; it records each body."""
+    import http.server
+    import threading
+
+    bodies: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            size = int(self.headers["Content-Length"])
+            bodies.append({"path": self.path, **json.loads(self.rfile.read(size))})
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b'{"choices": [{"text": " there"}]}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, bodies
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_vllms_own_server_is_warmed_as_tritons_models_are_and_a_failure_is_named(status):
+    # the frontend bench warms Triton's models with labkit.server.warm_up: the reference gets
+    # the same two short requests, so neither side meets its first round cold
+    server, bodies = _completions_server(status)
+    try:
+        own = standalone.StandaloneVllm(f"127.0.0.1:{server.server_port}", None, Path("log"))
+        if status == 200:
+            assert own.warm_up() == 2
+            assert len(bodies) == 2
+        else:
+            with pytest.raises(ServerError, match="warming up vLLM's own server"):
+                own.warm_up()
+            assert len(bodies) == 1  # the first failure ends it
+        assert bodies[0] == {
+            "path": "/v1/completions",
+            "model": standalone.SERVED_NAME,
+            "prompt": "Hello",
+            "max_tokens": 2,
+        }
+    finally:
+        server.shutdown()
+        server.server_close()

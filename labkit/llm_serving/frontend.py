@@ -163,6 +163,7 @@ def run(
             tokenizer = profiling.model_weights(repo.path, s.vllm_model)
             targets = {way: (server, model, None) for way, model in served.items()}
             for way, future in starting.items():
+                future.result().warm_up()  # as warm as Triton's models, before any round
                 targets[way] = (future.result(), SERVED_NAME, tokenizer)
             result.rows = _rounds(run_dir, targets, w, s, client_cores, result, progress)
         finally:

@@ -193,6 +193,7 @@ def compare(
             standalone = own.result() if own is not None else None
             targets = {way: (server, names[way][True], None) for way in served}
             if standalone is not None:
+                standalone.warm_up()  # Triton's ways were warmed and asked for answers above
                 tokenizer = profiling.model_weights(repo.path, names["vllm"][True])
                 targets["vllm-standalone"] = (standalone, SERVED_NAME, tokenizer)
             result.rows = _rounds(run_dir, targets, w, s, client_cores, result, progress)

@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +102,26 @@ class StandaloneVllm:
 
     def running(self) -> bool:
         return self.process.poll() is None
+
+    def warm_up(self, count: int = 2, timeout_s: float = 120.0) -> int:
+        """Send ``count`` short completions (2 tokens each), as
+        :func:`labkit.server.warm_up` sends a Triton model: a comparison then meets both sides
+        warm. Returns how many were answered; a failed one raises :class:`ServerError`."""
+        body = json.dumps({"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 2}).encode()
+        for _ in range(count):
+            request = urllib.request.Request(
+                f"http://{self.url}/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                    response.read()
+            except (urllib.error.URLError, OSError) as exc:
+                raise ServerError(
+                    f"warming up vLLM's own server at {self.url} failed: {exc}"
+                ) from exc
+        return count
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """End the server and every process it started (its engine core and worker)."""
