@@ -113,9 +113,10 @@ analyzer.model_analyzer({repo!r}, {run!r}, settings, timeout_s=600, progress=Fal
 
 def _in_run(run) -> list[psutil.Process]:
     """Processes that name the run folder or work in it (Model Analyzer, perf_analyzer, servers
-    and their stubs), zombies excluded."""
+    and their stubs), zombies excluded. Each one's ``info`` holds what was read of it here (its
+    name too), so a process that ends a moment later can still be asked what it was."""
     found = []
-    for p in psutil.process_iter(["cmdline", "cwd", "status"]):
+    for p in psutil.process_iter(["cmdline", "cwd", "status", "name"]):
         with contextlib.suppress(psutil.Error):
             named = str(run) in " ".join(p.info["cmdline"] or []) or (
                 p.info["cwd"] or ""
@@ -123,6 +124,15 @@ def _in_run(run) -> list[psutil.Process]:
             if named and p.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(p)
     return found
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie its parent has not reaped yet (a
+    process may vanish between the two questions, so that counts as ended too)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.mark.integration
@@ -142,14 +152,14 @@ def test_a_kernel_killed_mid_search_leaves_no_process_behind(tmp_path):
         wait_for(lambda: (run / "tritonserver.pids").is_file(), 120, "Model Analyzer's server")
         server = int((run / "tritonserver.pids").read_text().split()[0])
         wait_for(
-            lambda: any(p.name() == "perf_analyzer" for p in _in_run(run)), 120, "a measurement"
+            lambda: any(p.info["name"] == "perf_analyzer" for p in _in_run(run)),
+            120,
+            "a measurement",
         )
         kernel.kill()
         kernel.wait()
         wait_for(lambda: _in_run(run) == [], 60, "the end of everything the search started")
-        assert (
-            not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-        )
+        assert _ended(server)
     finally:
         kernel.kill()
         kernel.wait()
