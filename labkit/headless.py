@@ -44,6 +44,7 @@ from labkit.report import (
     write_index,
 )
 from labkit.settings import project_root
+from labkit.shown import not_for_a_learner
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +310,10 @@ def _execute(
         log.error(
             "%s failed at cell %s: %s (saved to %s)", path.name, result.cell, result.error, output
         )
+    if result.status == "ok" and output.is_file():
+        result.not_for_a_learner = _not_for_a_learner(output)
+        for shown in result.not_for_a_learner:
+            log.warning("%s showed what a lesson must not: %s", path.name, shown)
     if output.is_file():
         try:
             result.html = to_html(output)
@@ -317,6 +322,18 @@ def _execute(
             result.error = f"cannot write {output.with_suffix('.html')}: {exc.strerror or exc}"
             log.error("%s: %s", path.name, result.error)
     return result
+
+
+def _not_for_a_learner(notebook: Path) -> list[str]:
+    """What the executed ``notebook`` showed a learner that a lesson must not (stderr, errors,
+    benchmark keys, reprs, target verdicts: :mod:`labkit.shown`), a line each."""
+    import nbformat  # noqa: PLC0415 (notebook machinery, loaded when notebooks run)
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except (OSError, ValueError) as exc:  # a notebook papermill saved but cannot be read back
+        return [f"its executed notebook cannot be read: {exc}"]
+    return [f"cell {index}: {shown}" for index, shown in not_for_a_learner(nb)]
 
 
 def _last_started_cell(notebook: Path) -> tuple[int | None, str | None]:

@@ -37,6 +37,8 @@ class NotebookResult:
     figures: dict = field(default_factory=dict)  # what the notebook recorded (labkit.lab.record)
     takeaway: list[str] = field(default_factory=list)  # its last word (labkit.lab.takeaway)
     folder: str | None = None  # the notebook's own working folder (logs, reports)
+    #: what it showed a learner that a lesson must not ("cell 7: stderr: ..."; labkit.shown)
+    not_for_a_learner: list[str] = field(default_factory=list)
 
     def where(self) -> str:
         """``cell 3 (`x = f()`): `` for a failure inside a cell, else an empty string."""
@@ -69,6 +71,9 @@ class RunReport:
         for r in self.results:
             if r.error:
                 lines.append(f"{Path(r.notebook).name}: {r.where()}{r.error}")
+        for r in self.results:
+            for shown in r.not_for_a_learner:
+                lines.append(f"{Path(r.notebook).name} showed: {shown}")
         return "\n".join(lines)
 
 
@@ -319,6 +324,7 @@ def write_index(report: RunReport) -> Path:
                 "takeaway": r.takeaway,
                 "links": links,
                 "error": f"{r.where()}{r.error}" if r.error else "",
+                "not_for_a_learner": r.not_for_a_learner,
             }
         )
     page = _PAGES.get_template(INDEX_TEMPLATE).render(

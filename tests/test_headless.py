@@ -71,6 +71,7 @@ def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folde
     assert re.search(r"href=[\"']01_good\.html[\"']", index) and ">ok<" in index
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [(s["status"], Path(s["notebook"]).name) for s in summary] == [("ok", "01_good.ipynb")]
+    assert report.results[0].not_for_a_learner == []
 
 
 @pytest.mark.integration
@@ -92,6 +93,32 @@ def test_a_failing_notebook_is_saved_with_its_cell_and_error_and_the_next_one_st
     assert "cell" in report.table() and "ZeroDivisionError" in report.table()
     assert "ZeroDivisionError" in (tmp_path / "out" / "index.html").read_text()
     assert Path(bad.html).is_file()
+
+
+@pytest.mark.integration
+def test_what_a_notebook_shows_a_learner_by_mistake_is_named_in_the_summary_and_the_index(
+    tmp_path,
+):
+    """A notebook that runs to its end but prints to stderr or shows a benchmark key stays "ok"
+    (it ran), and the run names each thing it showed, with its cell, where the author looks."""
+    nb = write_notebook(
+        tmp_path / "leaky.ipynb",
+        "print('tokens/s 12.5')",
+        "import sys\nprint('careful', file=sys.stderr)",
+        "print('inflight_vs_vllm 1.13')",
+    )
+    report = run([nb], tmp_path / "out")
+    (result,) = report.results
+    assert result.status == "ok" and report.ok
+    assert result.not_for_a_learner == [
+        "cell 1: stderr: careful",
+        "cell 2: internal text a learner should not read: inflight_vs_vllm 1.13",
+    ]
+    assert "leaky.ipynb showed: cell 1: stderr: careful" in report.table()
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "It showed what a lesson must not" in index and "inflight_vs_vllm 1.13" in index
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary[0]["not_for_a_learner"] == result.not_for_a_learner
 
 
 @pytest.mark.integration
@@ -122,6 +149,7 @@ def test_a_run_page_reads_offline_with_widgets_and_progress_bars_as_the_run_left
     )
     (result,) = run([nb], tmp_path / "out").results
     assert result.status == "ok", result.error
+    assert result.not_for_a_learner == []  # tqdm.auto draws a widget, not a stderr stream
 
     page = Path(result.html).read_text()
     assert remote_resources(page) == []

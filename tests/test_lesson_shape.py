@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import nbformat
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location(
-    "root_conftest", Path(__file__).resolve().parent.parent / "conftest.py"
-)
-root = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(root)
+from labkit.shown import internal_outputs, not_for_a_learner
 
 
 def executed(*outputs: dict) -> nbformat.NotebookNode:
@@ -40,28 +33,41 @@ def shown(data: dict) -> dict:
     ],
 )
 def test_a_benchmark_key_a_repr_or_a_target_verdict_in_a_printed_line_is_found(text):
-    found = root.internal_outputs(executed(stream(f"first line\n{text}\nlast line")))
+    found = internal_outputs(executed(stream(f"first line\n{text}\nlast line")))
     assert found == [(1, text)]
 
 
 def test_an_html_table_is_read_but_the_scripts_of_a_page_are_not():
     page = "<script>var x={met:1,a_vs_b:2}</script><table><td>in-flight_vs_vllm</td></table>"
-    found = root.internal_outputs(executed(shown({"text/html": page, "text/plain": "<Styler>"})))
+    found = internal_outputs(executed(shown({"text/html": page, "text/plain": "<Styler>"})))
     assert [cell for cell, _ in found] == [1] and "in-flight_vs_vllm" in found[0][1]
 
 
 def test_a_charts_trace_names_and_titles_are_read_and_its_numbers_are_not():
     chart = {"data": [{"name": "vLLM", "y": [1, 2]}], "layout": {"title": {"text": "tokens/s"}}}
-    assert root.internal_outputs(executed(shown({"application/vnd.plotly.v1+json": chart}))) == []
+    assert internal_outputs(executed(shown({"application/vnd.plotly.v1+json": chart}))) == []
     chart["layout"]["title"]["text"] = "inflight_vs_vllm"
-    assert (
-        len(root.internal_outputs(executed(shown({"application/vnd.plotly.v1+json": chart})))) == 1
-    )
+    assert len(internal_outputs(executed(shown({"application/vnd.plotly.v1+json": chart})))) == 1
+
+
+def test_stderr_errors_and_internal_text_are_listed_together_in_cell_order():
+    nb = executed(stream("a_vs_b 1.2"))
+    warned = nbformat.v4.new_code_cell("y")
+    warned.outputs = [
+        nbformat.from_dict({"output_type": "stream", "name": "stderr", "text": "UserWarning: x"}),
+        nbformat.from_dict({"output_type": "error", "ename": "ValueError", "evalue": "bad"}),
+    ]
+    nb.cells.insert(1, warned)
+    assert not_for_a_learner(nb) == [
+        (1, "stderr: UserWarning: x"),
+        (1, "error: ValueError: bad"),
+        (2, "internal text a learner should not read: a_vs_b 1.2"),
+    ]
 
 
 def test_plain_words_pass():
     words = "vLLM served 2.5x the tokens/s of the lab's model; the comparison met its aim."
-    assert root.internal_outputs(executed(stream(words))) == []
+    assert internal_outputs(executed(stream(words))) == []
 
 
 def test_a_takeaway_of_more_than_three_sentences_in_all_is_refused():
