@@ -21,6 +21,7 @@ LAYERS = {
     "settings": 1,
     "proc": 1,
     "runs": 1,
+    "shown": 1,
     "hardware": 2,
     "repository": 2,
     "server": 3,
