@@ -220,7 +220,8 @@ class Eviction:
         return (
             f"{self.requests} requests offered {self.sent_bytes / 1024:.0f} KiB of answers to a "
             f"cache of {self.cache_bytes / 1024:.0f} KiB: it holds {self.entries} of them, "
-            f"filling {self.util:.0%} of it, and evicted the least recently used to make room. "
+            f"filling {self.util:.0%} of it by its own gauge (answers and their bookkeeping), "
+            "and evicted the least recently used to make room. "
             f"Sent again, the first request was {again}."
         )
 
