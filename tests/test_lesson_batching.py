@@ -84,7 +84,7 @@ def test_a_gain_beyond_the_drift_is_explained_by_the_batch_and_the_groups():
         "so by the rule above only a change beyond x1.50 counts." in text  # fmt: skip
     assert conclusion.takeaway == (
         "Dynamic batching served 4.1 times as many requests per second with 8 clients "
-        "(5.3 against 1.3) by running 4.8 requests per execution.",
+        "(5.30 against 1.30) by running 4.8 requests per execution.",
     )
 
 
@@ -115,7 +115,7 @@ def test_without_a_level_at_one_client_the_bar_is_the_lab_s_gain():
 def test_batching_that_lowered_throughput_is_called_a_loss():
     conclusion = batching.batching_conclusion(sweep({8: 4.0}), sweep({8: 2.0}, {8: 2.0}))
     assert "batching served fewer requests: 2.00 a second against 4.00" in conclusion.text
-    assert "fewer requests per second (2.0 against 4.0)" in conclusion.takeaway[0]
+    assert "fewer requests per second (2.00 against 4.00)" in conclusion.takeaway[0]
 
 
 def test_clients_that_travel_as_one_group_fill_every_batch_at_once():

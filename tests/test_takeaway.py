@@ -94,8 +94,8 @@ def test_multi_model_tells_a_search_by_words_from_one_by_meaning():
     ("on_8", "expected"),
     [
         (8.0, "Dynamic batching served 3.2 times as many requests per second with 8 clients"),
-        (2.6, "With 8 clients, dynamic batching's 2.6 against 2.5 requests per second is within"),
-        (1.0, "With 8 clients, dynamic batching served fewer requests per second (1.0 against"),
+        (2.6, "With 8 clients, dynamic batching's 2.60 against 2.50 requests per second is within"),
+        (1.0, "With 8 clients, dynamic batching served fewer requests per second (1.00 against"),
     ],
     ids=["gain", "tie", "loss"],
 )
