@@ -366,15 +366,17 @@ def batching_options(
 
 #: What each setting of a generated Neuron model does, in a learner's words.
 MEANINGS = {
-    "inputs": "the tensors a request carries: name, type, shape without the batch",
+    "inputs": "the tensors a request carries: name, type, shape (with a max batch size, the "
+    "shape of one request, the batch left out; without one, the whole shape, its batch of 1 "
+    "included)",
     "outputs": "the tensors an answer carries",
     "max batch size": "the most requests Triton puts in one call of the model",
     "dynamic batching": "Triton's batcher: how long a request may wait for others to join it",
     "instances": "copies of the model Triton runs side by side",
     "TARGET": "what the model was compiled for: cpu loads it with torch.jit, inf2 and trn1 with "
     "torch_neuronx, inf1 with torch_neuron",
-    "COMPILED_MODEL": "the compiled file, from the model folder; an inf2 one is made on the inf2 "
-    "host by labkit neuron compile --target inf2",
+    "COMPILED_MODEL": "the compiled model, a path from the model folder, made for the TARGET "
+    "on a host of that kind (for inf2: labkit neuron compile --target inf2)",
     "MODEL_TYPE": "pytorch (TorchScript) or tensorflow (a SavedModel)",
     "NEURON_CORE_START_INDEX": "the first NeuronCore of the range the instances share out",
     "NEURON_CORE_END_INDEX": "the last NeuronCore of that range",
