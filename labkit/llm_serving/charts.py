@@ -65,7 +65,8 @@ def results_frame(comparison: Comparison) -> pd.DataFrame:
         lines.append(
             {
                 "way": way_name(way),
-                **{name: round(m[way][key], 1) for key, name in COLUMNS.items()},
+                # text with one decimal, so 52.0 does not show as "52" beside 33.1
+                **{name: f"{m[way][key]:.1f}" for key, name in COLUMNS.items()},
                 "output tokens/s, each round": ", ".join(f"{t:.1f}" for t in tokens),
                 "failed requests": m[way]["failed"],
             }
