@@ -73,7 +73,8 @@ def positional(tensors, kind):
 
 
 def instance_cores(start, end, instance_count, instance_index):
-    """The (first, last) cores of one instance; equal contiguous slices, as the generator made."""
+    """The (first, last, unused) cores of one instance: equal contiguous slices, as the
+    generator made, and how many cores of the range no instance gets (the range less the slices)."""
     total = end - start + 1
     if end < start or instance_count > total:
         raise pb_utils.TritonModelException(
