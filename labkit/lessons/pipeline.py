@@ -201,8 +201,8 @@ def pipeline_conclusion(
     table = pd.DataFrame(
         [
             _row("largest difference, ensemble against one model", difference, "float32 rounding at most"),
-            _row(f"ensemble against one model, {low} client", f"{cost[low][0]} ({said_cost[low]})", "within the noise: two hops of about a millisecond"),
-            _row(f"ensemble against one model, {high} clients", f"{cost[high][0]} ({said_cost[high]})", "within the noise: two hops of about a millisecond"),
+            _row(f"ensemble against one model, {low} client", f"{cost[low][0]} ({said_cost[low]})", "within the noise: two hops and a queue of up to 2 ms"),
+            _row(f"ensemble against one model, {high} clients", f"{cost[high][0]} ({said_cost[high]})", "within the noise: two hops and a queue of up to 2 ms"),
             _row(f"2 encoder instances against 1, {high} clients (each block against the single model beside it)", _said(*instances), "a gain, up to x2: one instance leaves a core idle"),
             _row("repeated text p50, cached (ms)", f"{hit_p50:.2f} against {miss_p50:.1f} for a new text", "a small fraction of a new text's"),
             *([_row("repeated text p50 through the ensemble, cached (ms)", _hit_miss(pipeline_hits), "a small fraction of a new text's")] if pipeline_hits is not None else []),
@@ -326,8 +326,8 @@ def _ask_brief(asked: pd.DataFrame) -> str:
 
 
 def _cost_words(ratio: Ratio, verdict: str) -> str:
-    """The ensemble's cost in words: within the noise is what the prediction said (two hops of
-    about a millisecond against tens of milliseconds of encoding)."""
+    """The ensemble's cost in words: within the noise is what the prediction said (two hops and
+    a queue of up to 2 ms, against tens of milliseconds of encoding)."""
     del ratio  # the verdict is the rule's, read from the rounds
     return "within the noise, as predicted" if verdict == "within the noise" else verdict
 

@@ -376,7 +376,7 @@ MEANINGS = {
     "TARGET": "what the model was compiled for: cpu loads it with torch.jit, inf2 and trn1 with "
     "torch_neuronx, inf1 with torch_neuron",
     "COMPILED_MODEL": "the compiled model, a path from the model folder, made for the TARGET "
-    "on a host of that kind (for inf2: labkit neuron compile --target inf2)",
+    "on a host of that kind",
     "MODEL_TYPE": "pytorch (TorchScript) or tensorflow (a SavedModel)",
     "NEURON_CORE_START_INDEX": "the first NeuronCore of the range the instances share out",
     "NEURON_CORE_END_INDEX": "the last NeuronCore of that range",
