@@ -308,11 +308,20 @@ def _mechanism_sentence(
     idle = predicted.busy_many - predicted.busy_one
     cores_word = "core" if idle == 1 else "cores"
     if predicted.expect == "gain":
+        them = "it" if idle == 1 else "them"
+        # the load average is named here only where it was high enough to cut the gain (the
+        # text gives it in any case)
+        busy = load_average is not None and load_average >= cores
         return (
             f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
-            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so at most "
-            f"{predicted.busy_many / predicted.busy_one:.0f}x, and less when other processes "
-            f"use {'it' if idle == 1 else 'them'}{load}."
+            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so about "
+            f"{predicted.busy_many / predicted.busy_one:.0f}x (a little more where each "
+            "instance's waits overlap the other's work), and less "
+            + (
+                f"here, where other processes used {them}{load}."
+                if busy
+                else f"when other processes use {them}."
+            )
         )
     reason = (
         f"one instance already runs {predicted.batch:.1f} requests per execution"

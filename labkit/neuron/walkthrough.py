@@ -373,8 +373,9 @@ MEANINGS = {
     "max batch size": "the most requests Triton puts in one call of the model",
     "dynamic batching": "Triton's batcher: how long a request may wait for others to join it",
     "instances": "copies of the model Triton runs side by side",
-    "TARGET": "what the model was compiled for: cpu loads it with torch.jit, inf2 and trn1 with "
-    "torch_neuronx, inf1 with torch_neuron",
+    "TARGET": "what the model was compiled for: for a PyTorch model, cpu loads it with "
+    "torch.jit, inf2 and trn1 with torch_neuronx, inf1 with torch_neuron; a TensorFlow "
+    "SavedModel with tensorflow-neuron on inf1, tensorflow-neuronx on inf2 and trn1",
     "COMPILED_MODEL": "the compiled model, a path from the model folder, made for the TARGET "
     "on a host of that kind",
     "MODEL_TYPE": "pytorch (TorchScript) or tensorflow (a SavedModel)",
