@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ from conftest import wait_for, write_sleepy_model
 from labkit import plots
 from labkit.errors import ConfigError, ToolTimeoutError
 from labkit.profiling import analyzer
-from labkit.server import served_config
+from labkit.server import served_config, stubs, unhealthy
 from labkit.server.locate import _is_labkit_wrapper, locate_tritonserver
 
 pytestmark = pytest.mark.skipif(
@@ -216,3 +218,28 @@ def test_the_search_sends_the_whole_prompt_as_input_data(tmp_path):
     assert flags["input-data"] == str(tmp_path / "run" / "input-data.json")
     with pytest.raises(ConfigError, match="without them"):
         analyzer.write_config(tmp_path / "repo", tmp_path / "a run", settings)
+
+
+@pytest.mark.integration
+def test_a_stub_dead_before_a_round_restarts_the_server_and_the_round_is_measured(
+    start_server, tmp_path
+):
+    """Notebook 04's rounds against a stub that died (a segfault inside Triton's stub binary,
+    once in about ten runs of 04): the server is stopped and started again, and the measurement
+    taken once more, on a real Triton and perf_analyzer."""
+    write_sleepy_model(tmp_path / "repo", "sleepy", sleep_ms=10)
+    server = start_server(tmp_path / "repo", load_models=["sleepy"])
+    (stub,) = stubs(server)["sleepy"]
+    first = server.pid
+    os.kill(stub, signal.SIGSEGV)
+    wait_for(lambda: unhealthy(server), 30, "the killed stub to be seen dead")
+    rounds = analyzer.measure_rounds(
+        server, {"d": "sleepy"}, rounds=2, concurrency=2, string_data="x",
+        measurement_mode="count_windows", measurement_request_count=10, progress=False,
+        run_dir=tmp_path / "rounds",
+    )  # fmt: skip
+    assert server.pid != first and unhealthy(server) == {}
+    assert list(rounds["round"]) == [1, 2] and (rounds["throughput"] > 0).all()
+    assert sorted(p.name for p in (tmp_path / "rounds").glob("*.log"))[:2] == [
+        "d-round-1-again-c2.log", "d-round-1-c2.log"
+    ]  # fmt: skip

@@ -185,18 +185,62 @@ def test_a_round_whose_stub_missed_its_health_window_is_measured_once_more(monke
     assert list(rounds["round"]) == [1, 2]
 
 
+class _Server:
+    """A started server's stand-in: records its stops and starts."""
+
+    def __init__(self, mode: str = "local") -> None:
+        self.mode, self.calls = mode, []
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+
+def test_a_round_whose_stub_died_restarts_the_server_and_is_measured_once_more(monkeypatch):
+    calls: list[str] = []
+    died = "Failed to maintain requested inference load. terminate called"  # perf_analyzer -6
+    monkeypatch.setattr(analyzer, "perf_analyzer", _starved_once(calls, died))
+    dead = {"smollm2": "0 of 1 Python stub processes alive"}
+    monkeypatch.setattr(analyzer, "unhealthy", lambda server: dead if not server.calls else {})
+    server = _Server()
+    rounds = analyzer.measure_rounds(server, {"d": "smollm2"}, rounds=2, concurrency=4)
+    assert server.calls == ["stop", "start"]  # the whole server, not the model alone
+    assert calls == ["d round 1", "d round 1, again", "d round 2"]
+    assert list(rounds["round"]) == [1, 2]
+
+
+def test_a_stub_that_dies_again_after_the_restart_is_raised(monkeypatch):
+    from labkit.errors import ToolError
+
+    def always_failing(server, model, *, label, **options):
+        raise ToolError(f"perf_analyzer failed for {label!r}: terminate called")
+
+    monkeypatch.setattr(analyzer, "perf_analyzer", always_failing)
+    monkeypatch.setattr(analyzer, "unhealthy", lambda server: {"smollm2": "0 of 1 alive"})
+    server = _Server()
+    with pytest.raises(ToolError, match="'d round 1, again'"):
+        analyzer.measure_rounds(server, {"d": "smollm2"}, rounds=2, concurrency=4)
+    assert server.calls == ["stop", "start"]
+
+
 @pytest.mark.parametrize(
-    ("message", "dead"),
-    [("Stub process 'smollm2_0' is not healthy.", {"smollm2": "0 of 1 Python stub processes alive"}),
-     ("unexpected inference output", {})],
-    ids=["a stub that died", "another failure"],
+    ("message", "dead", "mode"),
+    [("Stub process 'smollm2_0' is not healthy.", {"smollm2": "0 of 1 Python stub processes alive"},
+      "remote"),
+     ("unexpected inference output", {}, "local")],
+    ids=["a stub that died on a server started elsewhere", "another failure"],
 )  # fmt: skip
-def test_a_dead_stub_or_another_failure_is_raised_not_measured_again(monkeypatch, message, dead):
+def test_a_dead_stub_it_cannot_restart_or_another_failure_is_raised_not_measured_again(
+    monkeypatch, message, dead, mode
+):
     from labkit.errors import ToolError
 
     calls: list[str] = []
     monkeypatch.setattr(analyzer, "perf_analyzer", _starved_once(calls, message))
     monkeypatch.setattr(analyzer, "unhealthy", lambda server: dead)
+    server = _Server(mode)
     with pytest.raises(ToolError, match=message.split("'")[0]):
-        analyzer.measure_rounds(object(), {"d": "smollm2"}, rounds=2, concurrency=4)
-    assert calls == ["d round 1"]
+        analyzer.measure_rounds(server, {"d": "smollm2"}, rounds=2, concurrency=4)
+    assert calls == ["d round 1"] and server.calls == []

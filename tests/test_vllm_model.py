@@ -858,6 +858,10 @@ def test_the_frontends_tensors_become_vllm_fields_over_the_lab_parameters(contra
         ("[1, 2]", "must be a JSON object of vLLM SamplingParams fields, got list"),
         ('{"colour": "red", "temperature": 0}', "unknown field 'colour' of 'sampling_parameters'"),
         ('{"temperature": "hot"}', "field 'temperature' of 'sampling_parameters' must be a number"),
+        (
+            '{"max_tokens": "many"}',
+            "field 'max_tokens' of 'sampling_parameters' must be an integer or null, got 'many'",
+        ),
         ('{"n": 1.5}', "field 'n' of 'sampling_parameters' must be an integer, got 1.5"),
         ('{"ignore_eos": 1}', "field 'ignore_eos' of 'sampling_parameters' must be true or false"),
         ('{"stop": [1]}', "'stop' of 'sampling_parameters' must be a string or a list of strings"),
@@ -1124,11 +1128,21 @@ def test_n_answers_per_prompt_each_with_its_own_count(server):
     assert counts == answer["num_output_tokens"], (counts, answer)
 
 
-#: sampling_parameters a client gets wrong, and the words of each 400.
+#: sampling_parameters a client gets wrong, and the words of each 400 (the bad-input matrix's rows
+#: for smollm2_vllm: this module's server asks them, so vLLM's engine starts once for both).
 BAD_SAMPLING = [
     ("{'temperature': 0.5}", "input 'sampling_parameters' is not valid JSON"),
     ('{"colour": "red"}', "unknown field 'colour' of 'sampling_parameters'"),
     ('{"temperature": "hot"}', "field 'temperature' of 'sampling_parameters' must be a number"),
+    (
+        '{"max_tokens": "many"}',
+        "field 'max_tokens' of 'sampling_parameters' must be an integer or null, got 'many'",
+    ),
+    (
+        '{"lora_name": "pirate"}',
+        "unknown LoRA adapter 'pirate': this model serves no LoRA "
+        "adapter (its config.pbtxt names none in parameter 'lora_adapters')",
+    ),
     ('{"temperature": 5}', "vLLM refused the request: temperature must be in [0, 2], got 5"),
     ('{"top_k": -5}', "vLLM refused the request: top_k must be 0 (disable), or at least 1"),
     ('{"n": 2, "temperature": 0}', "vLLM refused the request: n must be 1 when using greedy"),
@@ -1348,24 +1362,8 @@ def test_a_start_past_its_timeout_fails_the_load_and_ends_the_engines_processes(
     assert client.generate(server.http_url, "smollm2_vllm", "Hi").text  # the other one serves
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_an_unload_lets_a_live_stream_finish_whole(server, expected):
-    """Triton 2.51 holds a decoupled model in UNLOADING until every request in flight has had
-    its final response, and only then calls finalize: a live stream is never cut. (Seen here: a
-    2000-token stream kept the unload waiting past 80 s. The model cannot bound that wait: no
-    call tells a Python model that its unload has begun.) What finalize would find unfinished,
-    the model lets run for ``unload_drain_s``; on 2.51 finalize finds nothing left."""
-    stream = HeldStream(server, "I am going")  # 16 tokens
-    wait_for(lambda: stream.pieces, 300, "the stream's first piece")
-    server.unload_model("smollm2_vllm", timeout_s=UNLOAD_DRAIN_S + 60)
-    assert stream.done.wait(60) and stream.error is None, stream.error
-    assert "".join(stream.pieces) == expected["I am going"]
-    server.load_model("smollm2_vllm")  # for the tests after this one
-    assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
-
-
-# -- last: this test unloads the model --------------------------------------------------------
+# -- last, in this order: a killed engine recovered, then an unload that ends the module's model
+# (one engine start for both: the unload needs no reload after it) -----------------------------
 @pytest.mark.integration
 @pytest.mark.slow
 def test_warm_up_reaches_the_vllm_model_through_generate_stream(server):
@@ -1403,11 +1401,25 @@ def test_a_killed_engine_worker_fails_the_model_clearly_and_recover_brings_it_ba
     )
     assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
     assert_ended([stub, *(p.pid for p in children)], "the dead stub's engine processes")
-    # an unload (finalize) shuts the new engine down and leaves no process behind either
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_an_unload_lets_a_live_stream_finish_whole(server, expected):
+    """Triton 2.51 holds a decoupled model in UNLOADING until every request in flight has had
+    its final response, and only then calls finalize: a live stream is never cut. (Seen here: a
+    2000-token stream kept the unload waiting past 80 s. The model cannot bound that wait: no
+    call tells a Python model that its unload has begun.) What finalize would find unfinished,
+    the model lets run for ``unload_drain_s``; on 2.51 finalize finds nothing left."""
     stub, children = engine_processes(server)
     assert len(children) >= 2  # EngineCore and its worker
     logged = len(server_log(server))
-    server.unload_model("smollm2_vllm")
+    stream = HeldStream(server, "I am going")  # 16 tokens
+    wait_for(lambda: stream.pieces, 300, "the stream's first piece")
+    server.unload_model("smollm2_vllm", timeout_s=UNLOAD_DRAIN_S + 60)
+    assert stream.done.wait(60) and stream.error is None, stream.error
+    assert "".join(stream.pieces) == expected["I am going"]
+    # finalize shut the engine down and left no process behind
     assert_ended([stub, *(p.pid for p in children)], "the unloaded model's processes")
     # and its stub ended cleanly: every unload used to crash it in ResponseSender's destructor
     unload = server_log(server)[logged:]
