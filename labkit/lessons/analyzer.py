@@ -207,7 +207,7 @@ def confirm_winner(
                 "change from the default": by.loc[name, "change"],
                 "infer/s, each round": ", ".join(f"{mine[r]:.2f}" for r in sorted(mine)),
                 "requests per execution": f"{_median(rounds, name, 'avg_batch_size'):.1f}",
-                "one execution (ms)": f"{_median(rounds, name, 'compute_infer_ms'):.0f}",
+                "compute of each request's batch (ms)": f"{_median(rounds, name, 'compute_infer_ms'):.0f}",
                 "against the default, each round": ", ".join(f"x{q:.2f}" for q in ratios),
                 "verdict": _verdict_cell(judged[name][1]) if name != default else "the reference",
             }
@@ -381,7 +381,8 @@ def _cores_evidence(k: int, k_default: int, mine_ms: float, base_ms: float, wher
     (other work on the host, the client, each other)."""
     shared = k > k_default and mine_ms > base_ms * (1 + NOISE_FLOOR)
     said = (
-        f"Measured {where}: one execution took {mine_ms:.0f} ms with {k} instances against "
+        f"Measured {where}: the execution a request ran in took {mine_ms:.0f} ms with {k} "
+        f"instances against "
         f"{base_ms:.0f} ms with {k_default}"
     )
     if k <= k_default or mine_ms != mine_ms or base_ms != base_ms:

@@ -49,7 +49,7 @@ SWEEP_COLUMNS = {
     "p95_ms": "p95 latency (ms)",
     "p99_ms": "p99 latency (ms)",
     "queue_ms": "queue wait (ms)",
-    "compute_infer_ms": "compute per execution (ms)",
+    "compute_infer_ms": "compute of each request's batch (ms)",
     "avg_batch_size": "requests per execution",
     "request_count": "requests measured",
     "stable": "settled (stability rule)",
@@ -61,7 +61,7 @@ SERVED_COLUMNS = {
     "execution_count": "executions",
     "avg_batch_size": "requests per execution",
     "avg_queue_ms": "queue wait (ms)",
-    "avg_compute_infer_ms": "compute per execution (ms)",
+    "avg_compute_infer_ms": "compute of each request's batch (ms)",
 }
 COUNTS = ("inference_count", "execution_count", "requests")
 #: :func:`measure_arrivals`' rows, in words.
@@ -71,7 +71,7 @@ ARRIVAL_COLUMNS = {
     "requests": "requests",
     "batch": "requests per execution",
     "queue_ms": "queue wait (ms)",
-    "compute_ms": "compute per execution (ms)",
+    "compute_ms": "compute of each request's batch (ms)",
     "model_ms_per_request": "model time per request (ms)",
     "p50_ms": "p50 latency (ms)",
 }
@@ -351,8 +351,9 @@ def _batching_words(
     rate_off, rate_on = _at(off, c, "throughput"), _at(on, c, "throughput")
     alone, batched = _at(off, c, "compute_infer_ms"), _at(on, c, "compute_infer_ms")
     cost = (
-        f", and one execution of {batch:.1f} requests took {batched:.0f} ms against {alone:.0f} ms "
-        "for one request alone"
+        f", and the batch a request ran in, {batch:.1f} requests on average, computed for "
+        f"{batched:.0f} ms against {alone:.0f} ms for one request alone (an average over the "
+        "requests: a larger batch counts once for each of its requests, so it weighs more)"
         if not any(math.isnan(x) for x in (alone, batched, batch))
         else ""
     )

@@ -316,8 +316,8 @@ def _benchmark_words(
     if said == "gain":
         return words + (
             f". This run measured {lead.value:.2f}x at the same shape: the lead is vLLM's in "
-            f"both, and how large it comes out moves with what else the host runs{here}."
-            + _moved(b, m)
+            f"both, and how large it comes out moves between runs on a host whose speed drifts by up "
+            f"to 2x{here}." + _moved(b, m)
         )
     if step == "gain":
         return words + (

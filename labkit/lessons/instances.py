@@ -30,7 +30,7 @@ INSTANCES_ACROSS = (
     "leaves the other to the client, the server's own threads and any other step, which wait "
     "most of the time while a long call runs. So a second instance gains where each call is "
     "long and that core is idle (07's generations of 64 tokens, 08's long texts, 04's search "
-    "on both cores), up to 2x, as much as that core was idle; on a host where other work takes "
+    "on both cores), up to about 2x, as much as that core was idle; on a host where other work takes "
     "that core, it gains nothing; and it loses where there is no idle core at all: 04's "
     "rounds, whose server has one core."
 )
@@ -91,7 +91,7 @@ def predict_instances(
     else:
         why = (
             "One instance runs one request at a time and leaves a core idle; a second puts that "
-            f"core to work: expect up to {busy_many / busy_one:.0f}x the requests per second."
+            f"core to work: expect up to about {busy_many / busy_one:.0f}x the requests per second."
         )
         expect = "gain"
     return InstancePrediction(

@@ -204,7 +204,7 @@ def pipeline_conclusion(
             _row("largest difference, ensemble against one model", difference, "float32 rounding at most"),
             _row(f"ensemble against one model, {low} client", f"{cost[low][0]} ({said_cost[low]})", "within the noise: two hops and a queue of up to 2 ms"),
             _row(f"ensemble against one model, {high} clients", f"{cost[high][0]} ({said_cost[high]})", "within the noise: two hops and a queue of up to 2 ms"),
-            _row(f"2 encoder instances against 1, {high} clients (each block against the single model beside it)", _said(*instances), "a gain, up to x2: one instance leaves a core idle"),
+            _row(f"2 encoder instances against 1, {high} clients (each block against the single model beside it)", _said(*instances), "a gain, up to about x2: one instance leaves a core idle"),
             _row("repeated text p50, cached (ms)", f"{hit_p50:.2f} against {miss_p50:.1f} for a new text", "a small fraction of a new text's"),
             *([_row("repeated text p50 through the ensemble, cached (ms)", _hit_miss(pipeline_hits), "a small fraction of a new text's")] if pipeline_hits is not None else []),
             _row("answers held after twice the cache's size was offered", _held(eviction), "what fits, the least recently used gone"),
@@ -286,7 +286,8 @@ def pipeline_conclusion(
         "largest difference between the ensemble's and one model's vectors": agreement.max_abs_diff,
         f"ensemble_against_single_model_c{low}": cost[low][0],
         f"ensemble_against_single_model_c{high}": cost[high][0],
-        f"ensemble_share_with_two_encoder_instances_against_one_c{high}": instances[0],
+        "two encoder instances against one, the change in the ensemble's share of the single "
+        f"model's rate_c{high}": instances[0],
         "cache_hit_p50_ms": hit_p50,
         "cache_miss_p50_ms": miss_p50,
     }

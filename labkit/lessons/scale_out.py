@@ -230,7 +230,7 @@ def _instances_line(
             "whether that was the noise."
         )
         return (
-            f"{said}, {where}, where up to x{predicted.busy_many / predicted.busy_one:.0f} was "
+            f"{said}, {where}, where up to about x{predicted.busy_many / predicted.busy_one:.0f} was "
             f"predicted: {why}"
         )
     if measured == "gain" and predicted.expect == "smaller gain":
