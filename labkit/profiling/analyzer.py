@@ -648,12 +648,14 @@ def _measure_once_more_if_starved(server, model: str, label: str, options: dict)
       alone: unloading the dead stub's instance aborted tritonserver
       (``boost::interprocess::lock_exception``), and a whole restart leaves no state behind.
 
-    A second failure raises, as does a dead stub on a server this process did not start."""
+    A second failure raises. On a server this process did not start, or one that ended, no stub
+    can be counted: "not healthy" is measured once more, anything else raised as it came."""
     try:
         return perf_analyzer(server, model, label=label, **options)
     except ToolError as exc:
-        dead = unhealthy(server)
-        if dead and getattr(server, "mode", "remote") != "remote":
+        # only a server this process started and still runs has stubs to count
+        dead = unhealthy(server) if getattr(server, "running", False) else {}
+        if dead:
             said = "; ".join(f"{name}: {what}" for name, what in dead.items())
             log.warning(
                 "%s: a Python stub died during the measurement (%s); restarting the server and "
@@ -663,7 +665,7 @@ def _measure_once_more_if_starved(server, model: str, label: str, options: dict)
             )
             server.stop()
             server.start()
-        elif dead or "is not healthy" not in str(exc):
+        elif "is not healthy" not in str(exc):
             raise
         else:
             log.warning("%s: a stub missed its health window (%s); measuring once more", label, exc)
