@@ -120,15 +120,17 @@ def check_public_servers() -> Check:
             public.append(f"pid {p.info['pid']} on 0.0.0.0 ports {', '.join(map(str, ports))}")
     if public:
         return Check(
-            "exposed servers",
+            "servers open to the network",
             "warn",
             f"tritonserver listens on all interfaces: {'; '.join(public)}",
             "anyone on the network can call it; restart it "
             "bound to loopback (labkit's default host 127.0.0.1)",
         )
     if not count:
-        return passed("exposed servers", "no tritonserver is running")
-    return passed("exposed servers", f"{count} tritonserver running, none on all interfaces")
+        return passed("servers open to the network", "no tritonserver is running")
+    return passed(
+        "servers open to the network", f"{count} tritonserver running, none on all interfaces"
+    )
 
 
 def check_shm(
@@ -605,7 +607,7 @@ def check_vllm_env() -> Check:
     python = folder / "bin" / "python"
     if not python.is_file():
         return Check(
-            "vllm env",
+            "vLLM environment",
             "warn",
             f"{folder} does not exist: the smollm2_vllm model cannot load (the others can)",
             "run make install",
@@ -634,9 +636,9 @@ def vllm_env_verdict(probe: dict, folder: Path, server_python: str) -> Check:
     if probe.get("torchvision"):
         problems.append("torchvision is installed (it breaks `import transformers` there)")
     if problems:
-        return Check("vllm env", "fail", f"{folder}: " + "; ".join(problems), fix)
+        return Check("vLLM environment", "fail", f"{folder}: " + "; ".join(problems), fix)
     return passed(
-        "vllm env",
+        "vLLM environment",
         f"{folder}: vLLM {probe.get('vllm')}, Python {probe.get('python')}, numpy {numpy}",
     )
 

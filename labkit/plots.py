@@ -205,7 +205,22 @@ def latency_breakdown(data: pd.DataFrame | Iterable[pd.DataFrame], title: str | 
     stacked = frame.groupby(["config", "concurrency"])[parts].sum().sum(axis=1).max()
     round_ticks(fig, {"yaxis": stacked})
     _levels_in_order(fig, frame)
+    _each_panel_its_own_levels(fig)
     return _finish(fig, title or "Where the time goes")
+
+
+def _each_panel_its_own_levels(fig):
+    """Each panel of a faceted chart lists only the levels its own bars measured: facets share
+    one category list by default, which left batching off's panel an empty slot at 4 clients."""
+    levels: dict[str, set[str]] = {}
+    for trace in fig.data:
+        axis = "xaxis" + (trace.xaxis or "x")[1:]
+        levels.setdefault(axis, set()).update(str(x) for x in trace.x)
+    if len(levels) < 2:
+        return fig
+    for axis, found in levels.items():
+        fig.layout[axis].update(matches=None, categoryarray=sorted(found, key=float))
+    return fig
 
 
 def batching_comparison(

@@ -191,7 +191,7 @@ def test_the_tables_speak_in_words_with_units():
     for table in tables:
         names = [*table.columns, table.index.name or ""]
         assert all("_" not in name for name in names), names
-    assert list(batching.sweep_table(ON)["settled (stability rule)"]) == ["yes"] * 3
+    assert list(batching.sweep_table(ON)["windows agreed"]) == ["yes"] * 3
     assert batching.served_table(served).loc["batching on", "requests per execution"] == 2.23
     assert batching.served_table(served).columns.name is None  # no stray header over the columns
 

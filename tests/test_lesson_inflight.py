@@ -134,6 +134,12 @@ def test_a_lead_that_one_round_does_not_show_is_within_the_noise_and_points_to_t
 def test_triton_cost_and_bfloat16_read_as_gain_tie_or_loss():
     tie = lessons.inflight_conclusion(full(), BENCH)
     assert "vLLM in Triton made 0.98x that: what Triton's front end" in tie.text
+    assert "a little ahead" not in tie.text  # Triton behind: nothing to explain
+    ahead = lessons.inflight_conclusion(full(own=(95.0, 92.0)), BENCH)
+    assert (
+        "made 1.09x that: what Triton's front end costs is within this run's noise. " in ahead.text
+    )
+    assert "Triton can come out a little ahead here: both front ends" in ahead.text
     assert "Serving vLLM through Triton cost nothing this run could tell" in tie.takeaway[1]
     loss = lessons.inflight_conclusion(full(own=(130.0, 125.0)), BENCH)
     assert "cost about 20% of the tokens/s in every round" in loss.text

@@ -381,3 +381,22 @@ def test_every_template_compiles_without_the_sdk():
     assert {t.name for t in templates} == set(TEMPLATES.values())  # each one gen writes from
     for template in templates:  # compiled in memory: no __pycache__ beside a packaged template
         compile(template.read_text(), str(template), "exec", dont_inherit=True)
+
+
+def test_the_neuron_docker_command_mounts_each_device_and_publishes_on_loopback(tmp_path):
+    import shlex
+
+    from labkit.neuron import walkthrough
+
+    words = shlex.split(
+        walkthrough.docker_command("inf2.48xlarge", tmp_path, "tritonserver-neuron")
+    )
+    assert [w for w in words if w.startswith("--device=")] == [
+        f"--device=/dev/neuron{i}" for i in range(12)
+    ]
+    published = [words[i + 1] for i, w in enumerate(words) if w == "-p"]
+    assert published == [f"127.0.0.1:{port}:{port}" for port in (8000, 8001, 8002)]
+    assert f"{tmp_path.resolve()}:/models" in words
+    assert words[-3:] == ["tritonserver-neuron", "tritonserver", "--model-repository=/models"]
+    with pytest.raises(ConfigError, match="unknown instance type 'inf9.xlarge'"):
+        walkthrough.docker_command("inf9.xlarge", tmp_path, "tritonserver-neuron")

@@ -122,8 +122,20 @@ def test_levels_read_in_numeric_order_whichever_configuration_measured_them():
         plots.latency_breakdown([fewer, ON]),
         plots.batch_sizes([fewer, ON]),
     ):
-        assert list(fig.layout.xaxis.categoryarray) == ["1", "4", "8"]
+        axes = [fig.layout[name] for name in ("xaxis", "xaxis2") if name in fig.layout]
+        assert list(axes[-1].categoryarray) == ["1", "4", "8"]  # batching on's, in the breakdown
         assert fig.layout.xaxis.title.text == plots.CLIENTS
+
+
+def test_a_breakdown_panel_shows_only_the_levels_its_configuration_measured():
+    fewer = OFF[OFF["concurrency"] != 4]  # no empty slot at 4 in batching off's panel
+    fig = plots.latency_breakdown([fewer, ON])
+    panels = {
+        a.text: fig.layout["xaxis" + ("2" if a.x > 0.5 else "")].categoryarray
+        for a in fig.layout.annotations
+    }
+    assert panels == {"batching off": ("1", "8"), "batching on": ("1", "4", "8")}
+    assert fig.layout.xaxis2.matches is None
 
 
 def test_a_level_batching_off_did_not_measure_breaks_its_line_instead_of_bridging_it():

@@ -63,6 +63,21 @@ def test_a_progress_bar_shows_its_final_count_not_the_0_percent_it_first_drew():
     assert "perf_analyzer\u2007on:\u2007100%" in page and re.search(r"<progress[^>]*value=.3", page)
 
 
+def test_a_sweeps_bar_counts_levels_and_time_without_a_rate():
+    from labkit.profiling.perf import LEVELS_BAR
+
+    bar = notebook_tqdm(range(3), desc="perf_analyzer on", bar_format=LEVELS_BAR, display=False)
+    for level in bar:
+        bar.set_postfix(concurrency=level)
+    bar.close()
+    nb = notebook_showing(bar.container)
+
+    report.transcribe_widgets(nb)
+    text = nb.cells[0].outputs[0].data["text/plain"]
+    assert text.startswith("perf_analyzer on: 100% |####################| 3 of 3 levels, 00:0")
+    assert text.endswith("concurrency=2") and "/level" not in text and "<" not in text
+
+
 def test_a_widget_whose_state_was_not_saved_says_so_and_a_password_is_not_shown():
     secret = w.Password(value="hf_not_to_be_shown", description="Token")
     nb = notebook_showing(secret)

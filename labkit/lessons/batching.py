@@ -52,7 +52,7 @@ SWEEP_COLUMNS = {
     "compute_infer_ms": "compute of each request's batch (ms)",
     "avg_batch_size": "requests per execution",
     "request_count": "requests measured",
-    "stable": "settled (stability rule)",
+    "stable": "windows agreed",
 }
 #: Triton's counters over a whole sweep (:func:`labkit.profiling.metrics`), in words.
 SERVED_COLUMNS = {

@@ -122,7 +122,8 @@ def unsettled(sweeps: dict[str, pd.DataFrame | None]) -> str:
     if not names:
         return ""
     return (
-        "Not every measurement settled within the stability rule ("
+        "Not every measurement settled, perf_analyzer's last three windows agreeing within "
+        "its stability percentage ("
         + ", ".join(names)
         + "): those figures carry more noise than the others."
     )

@@ -474,7 +474,9 @@ DEVICES = {
 
 def docker_command(instance_type: str, repository: str | os.PathLike, image: str) -> str:
     """The guide's ``docker run --device /dev/neuron0 ...`` for ``instance_type``, serving
-    ``repository`` with ``image`` (a tritonserver image with the Neuron runtime installed)."""
+    ``repository`` with ``image`` (a tritonserver image with the Neuron runtime installed). Its
+    ports are published on 127.0.0.1 (the guide's ``-p 8000:8000`` opens them to every network
+    the host is on); on a host that clients reach over the network, drop ``127.0.0.1:``."""
     if instance_type not in DEVICES:
         raise ConfigError(f"unknown instance type {instance_type!r}; one of {', '.join(DEVICES)}")
     devices = [f"--device=/dev/neuron{i}" for i in range(DEVICES[instance_type])]
@@ -491,12 +493,12 @@ def docker_command(instance_type: str, repository: str | os.PathLike, image: str
         "memlock=-1",
         "--ulimit",
         "stack=67108864",
+        "-p",  # the guide publishes on every network; here on this host only, as labkit serves
+        "127.0.0.1:8000:8000",
         "-p",
-        "8000:8000",
+        "127.0.0.1:8001:8001",
         "-p",
-        "8001:8001",
-        "-p",
-        "8002:8002",
+        "127.0.0.1:8002:8002",
         "--rm",
         image,
         "tritonserver",

@@ -41,6 +41,7 @@ import psutil
 
 from labkit import proc
 from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.profiling.perf import LEVELS_BAR
 from labkit.repository import CONFIG_FILE, read_config
 from labkit.settings import project_root
 
@@ -263,7 +264,7 @@ def run_aiperf(
     from tqdm.auto import tqdm  # noqa: PLC0415 (only sweeps need it)
 
     rows = []
-    bar = tqdm(levels, desc=f"aiperf {name}", unit="level", disable=not progress)
+    bar = tqdm(levels, desc=f"aiperf {name}", bar_format=LEVELS_BAR, disable=not progress)
     for level in bar:
         bar.set_postfix(concurrency=level)
         count = request_count or max(len(workload), 2 * level)

@@ -347,7 +347,8 @@ def _follow(process: subprocess.Popen, log_path: Path, timeout_s: float, progres
     """Wait for Model Analyzer, showing each measurement it starts, up to the deadline."""
 
     seen = 0
-    with tqdm(desc="model-analyzer", unit=" measurement", disable=not progress) as bar:
+    shown = "{desc}: {n} measurements started, {elapsed}{postfix}"  # no rate: they differ
+    with tqdm(desc="model-analyzer", bar_format=shown, disable=not progress) as bar:
 
         def ended() -> bool:
             nonlocal seen

@@ -31,6 +31,10 @@ from labkit.settings import perf_analyzer_path
 
 log = logging.getLogger(__name__)
 
+#: A sweep's progress as a learner reads it: levels done and time so far. tqdm's default adds a
+#: rate ("12.97s/level") and an estimate that a sweep of two or three unequal levels cannot give.
+LEVELS_BAR = "{desc}: {percentage:3.0f}% |{bar}| {n_fmt} of {total_fmt} levels, {elapsed}{postfix}"
+
 #: perf_analyzer's CSV headers (``--verbose-csv``) and the names labkit gives them.
 _CSV_COLUMNS = {
     "Concurrency": "concurrency",
@@ -271,7 +275,7 @@ def perf_analyzer(
     from tqdm.auto import tqdm  # noqa: PLC0415 (only sweeps need it)
 
     rows = []
-    bar = tqdm(levels, desc=f"perf_analyzer {name}", unit="level", disable=not progress)
+    bar = tqdm(levels, desc=f"perf_analyzer {name}", bar_format=LEVELS_BAR, disable=not progress)
     for level in bar:
         bar.set_postfix(concurrency=level)
         rows.append(
