@@ -247,6 +247,9 @@ def pipeline_conclusion(
                 f"single model's ({said_cost[low]}), at {high} clients {cost[high][0]} "
                 f"({said_cost[high]}). "
             )
+            + "(Each is the median of the rounds' own ratios, the single model measured beside "
+            "the ensemble in the same round, so it need not equal the ratio of the medians in the "
+            "rounds' table.) "
             + f"At {low} client the median request took {ensemble_p50:.1f} ms through the ensemble "
             f"and {single_p50:.1f} ms through the single model: {_why_cost(cost[low][1])}",
             f"With a second encoder instance the ensemble served {served[1]:.1f} infer/s at "
