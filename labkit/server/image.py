@@ -417,7 +417,8 @@ def vllm_run_command(
     metrics_port: int = 8002,
 ) -> list[str]:
     """The ``docker run`` of Triton's vLLM image serving ``repository`` on every GPU (built and
-    shown, not run: it needs a Docker engine and a GPU)."""
+    shown, not run: it needs a Docker engine and a GPU). Its ports are published on 127.0.0.1,
+    where labkit's servers listen; a host that serves other machines drops ``127.0.0.1:``."""
     return [
         "docker",
         "run",
@@ -425,11 +426,11 @@ def vllm_run_command(
         "--gpus=all",
         "--shm-size=1g",
         "-p",
-        f"{http_port}:8000",
+        f"127.0.0.1:{http_port}:8000",
         "-p",
-        f"{grpc_port}:8001",
+        f"127.0.0.1:{grpc_port}:8001",
         "-p",
-        f"{metrics_port}:8002",
+        f"127.0.0.1:{metrics_port}:8002",
         "-v",
         f"{Path(repository).resolve()}:/models",
         ngc_image(release, flavour="vllm"),
