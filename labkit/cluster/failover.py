@@ -134,7 +134,7 @@ class FailoverResult:
 
 
 #: What the repair of each fault is, as a learner reads it.
-_REPAIR = {"server": "a new server, same ports", "stub": "its model reloaded (recover)"}
+_REPAIR = {"server": "a new server, same ports", "stub": "its model reloaded, same server"}
 
 
 def failover_table(*results: FailoverResult) -> pd.DataFrame:
