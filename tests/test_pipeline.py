@@ -127,6 +127,10 @@ def test_the_gpu_configs_put_the_encoders_on_the_gpu_and_keep_the_tokenizer_on_t
     assert out.config(pipeline.PIPELINE) == repo.config(pipeline.PIPELINE)  # wired the same
     assert not written.diffs[pipeline.PIPELINE].strip()
     assert "+  kind: KIND_GPU" in written.diffs[pipeline.ENCODER]
+    # the CPU's batches of 4 (two batches for 8 lock-step clients) are left behind on a GPU
+    assert list(repo.config(pipeline.ENCODER).dynamic_batching.preferred_batch_size) == [4]
+    assert not out.config(pipeline.ENCODER).dynamic_batching.preferred_batch_size
+    assert "-  preferred_batch_size: 4" in written.diffs[pipeline.ENCODER]
     for name in (pipeline.CACHED, pipeline.PIPELINE_CACHED):
         assert out.config(name).response_cache.enable
     # a folder to copy to another host: the encoder step's shared code is a file, not a link
