@@ -55,6 +55,17 @@ def test_both_axes_of_the_batching_chart_tick_at_round_numbers_on_one_grid():
     assert left.range[1] < 2 * 5.27 and right.range[1] < 2 * 9209  # no half-empty chart
 
 
+def test_the_batching_chart_draws_latency_in_a_panel_of_its_own_never_over_the_bars():
+    fig = plots.batching_comparison(OFF, ON)
+    panels = {(t.type, t.xaxis, t.yaxis) for t in fig.data}
+    assert panels == {("bar", "x", "y"), ("scatter", "x2", "y2")}
+    assert fig.layout.yaxis2.overlaying is None  # side by side, not one over the other
+    assert {a.text for a in fig.layout.annotations} == {
+        "throughput: more is better",
+        "p99 latency: less is better",
+    }
+
+
 def test_a_configuration_keeps_its_colour_in_every_chart_and_legend():
     comparison = plots.batching_comparison(OFF, ON)
     lines = plots.throughput_vs_latency([OFF, ON])
