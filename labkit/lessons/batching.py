@@ -494,7 +494,7 @@ def _delay(
     )
     words = (
         f"With requests arriving one at a time ({pace}), the {delay}queue delay {bought}"
-        f"{saved}; the price was {wait / 1000:.1f} s more waiting in the queue per request "
+        f"{saved}; the price was {wait / 1000:.2f} s more waiting in the queue per request "
         f"(p50 latency {mean[NO_DELAY]['p50_ms'] / 1000:.2f} s without the delay, "
         f"{mean[DELAY]['p50_ms'] / 1000:.2f} s with it, over {rounds} alternating rounds each)."
     )
@@ -512,20 +512,22 @@ def _delay(
             f"With requests arriving apart, a queue delay made batches of "
             f"{mean[DELAY]['batch']:.1f} instead of {mean[NO_DELAY]['batch']:.1f}, but the "
             f"model's time per request ({model_time}) did not fall beyond the noise: it bought "
-            f"nothing here for {wait / 1000:.1f} s more waiting per request."
+            f"nothing here for {wait / 1000:.2f} s more waiting in the queue per request."
         ]
     elif bigger > 0:
         line = [
             f"With requests arriving apart, a queue delay made batches of "
             f"{mean[DELAY]['batch']:.1f} instead of {mean[NO_DELAY]['batch']:.1f} and cut the "
             f"model's time per request from {model_time}, room for more traffic on the same "
-            f"model, at {wait / 1000:.1f} s more waiting per request: worth it where the model's "
-            "time is scarce, not where latency is."
+            f"model, at {wait / 1000:.2f} s more waiting in the queue per request (p50 latency "
+            f"{mean[NO_DELAY]['p50_ms'] / 1000:.2f} s against {mean[DELAY]['p50_ms'] / 1000:.2f} s): "
+            "worth it where the model's time is scarce, not where latency is."
         ]
     else:
         line = [
             f"A queue delay bought no bigger batches here ({mean[DELAY]['batch']:.1f} against "
-            f"{mean[NO_DELAY]['batch']:.1f}), only {wait / 1000:.1f} s more waiting per request."
+            f"{mean[NO_DELAY]['batch']:.1f}), only {wait / 1000:.2f} s more waiting in the queue "
+            "per request."
         ]
     if lone is not None:
         figures["one lone client's queue wait (ms)"] = round(float(lone["queue_ms"]))

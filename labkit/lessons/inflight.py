@@ -319,7 +319,9 @@ def _benchmark_words(
     if near:
         return words + (
             f"; this run measured {lead.value:.2f}x at the same shape, the same lead within the "
-            "noise."
+            "noise. Compare the leads, not the tokens/s: both engines' tokens/s move together "
+            "with the host's speed, which drifts by 2x and more between hours, so one day's "
+            "figures can sit far above or below another's while the ratio holds."
         )
     if said == "gain":
         return words + (
