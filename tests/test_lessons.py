@@ -153,6 +153,19 @@ def test_the_words_follow_the_settings_not_which_configuration_model_analyzer_ra
     assert "two (2 instances), Model Analyzer's winner, gave x0.62 infer/s" in second.text
 
 
+def test_two_instances_that_change_the_max_batch_size_too_say_so_in_the_takeaway():
+    both = search()
+    both.loc[both["config"] == "two", ["change", "max_batch_size"]] = (
+        "max batch size 8 -> 4, 2 instances",
+        4,
+    )
+    rounds = in_rounds({"d": [6.0, 5.8, 6.2], "w": [5.9, 6.1, 6.0], "two": [3.8, 3.5, 4.1]})
+    pinned = lessons.confirm_winner(rounds, both, "w", threads=1, cores=1)
+    assert pinned.takeaway[1].startswith("Two instances (with max batch size 8 -> 4 too) made x0.")
+    alone = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
+    assert alone.takeaway[1].startswith("Two instances made x0.")  # one change: nothing to add
+
+
 def test_two_instances_that_each_had_a_core_gain_and_the_words_say_why():
     # an idle host: each instance ran its executions as fast as one instance did (measured
     # here: 11.3 infer/s against 7.3, executions of 254 ms against 265, 1.5 requests against 2.0)

@@ -353,7 +353,11 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
         )
     else:
         why = ""
-    short = f"{_COUNT.get(k, k)} instances {verb} ({ratio}){why}."
+    # the best-ranked configuration of an instance count can change more than it (max batch size
+    # 8 -> 4, 2 instances): the sentence names the rest, not 'two instances' alone
+    others = ", ".join(part for part in change.split(", ") if "instance" not in part)
+    count = f"{_COUNT.get(k, k)} instances" + (f" (with {others} too)" if "," in change else "")
+    short = f"{count} {verb} ({ratio}){why}."
     if k > k_default and cores == 1:  # the rounds' server had one core, the search's them all
         searched_lead = Ratio.between(
             by.loc[name, "throughput"], by.loc[default, "throughput"], "infer/s"
@@ -368,8 +372,8 @@ def _contender_words(name, winner, default, by, rounds, judged, batch, threads, 
             "could use every core"
         )
         short = (
-            f"{_COUNT.get(k, k)} instances {searched}, and {verb} ({ratio}) measured again with "
-            "the server on one core: an instance gains only where a core is idle."
+            f"{count} {searched}, and {verb} ({ratio}) measured again with the server on one "
+            "core: an instance gains only where a core is idle."
         )
     return said, short, label
 
