@@ -66,7 +66,7 @@ def test_replicas_that_tie_with_instances_gained_what_instances_gained_as_predic
         "against 20.0 for one instance: x0.97 infer/s between replicas and instances, no "
         "difference beyond the noise of these rounds."
     )
-    assert "so about 2x (a little more where" in said[1]
+    assert "leaves idle, so up to about 2x, and less" in said[1]
     assert said[1].endswith("less when other processes use it.")  # 1.4 on 2 cores: not the cause
     busy = conclude(one=20.0, instances=30.0, replicas=31.0, load_average=2.6).takeaway[1]
     assert "less here, where other processes used it (load average 2.6 on 2 cores here)" in busy

@@ -120,7 +120,11 @@ def test_the_queue_delay_chart_stacks_the_wait_on_the_compute_and_says_the_batch
     queue, compute, labels = fig.data
     assert list(queue.x) == ["paced, no delay", "paced, queue delay", "1 client, queue delay"]
     assert list(queue.y) == [0.0, 1950.0, 3250.0] and list(compute.y) == [460.0, 810.0, 650.0]
-    assert list(labels.text) == ["1.0 per execution", "3.0 per execution", "1.0 per execution"]
+    assert list(labels.text) == [
+        "1.0 per execution,<br>460 ms of the model's time each",
+        "3.0 per execution,<br>270 ms of the model's time each",
+        "1.0 per execution,<br>650 ms of the model's time each",
+    ]
     assert is_round(fig.layout.yaxis.dtick) and fig.layout.yaxis.range[1] >= 3900
     with pytest.raises(ConfigError, match="'batch'"):
         plots.queue_delay(rows.drop(columns="batch"))

@@ -314,9 +314,8 @@ def _mechanism_sentence(
         busy = load_average is not None and load_average >= cores
         return (
             f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
-            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so about "
-            f"{predicted.busy_many / predicted.busy_one:.0f}x (a little more where each "
-            "instance's waits overlap the other's work), and less "
+            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so up to about "
+            f"{predicted.busy_many / predicted.busy_one:.0f}x, and less "
             + (
                 f"here, where other processes used {them}{load}."
                 if busy
