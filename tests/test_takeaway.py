@@ -86,6 +86,13 @@ def test_multi_model_tells_a_search_by_words_from_one_by_meaning():
     assert 'sharing the word "train" with the question' in said[1] and "0.030 ahead" in said[1]
     assert "sharing no word with the question: it was found by meaning" in said[2]
     assert sentence_count(said) == 3  # a quoted question or passage ends no sentence
+    fits = lessons.multi_model_takeaway(
+        ["minilm"], [], measured_gib=0.41, estimated_gib=0.6, free_gib=21.34
+    ).lines
+    assert fits[0].endswith(
+        "against the 0.60 GiB estimated, out of 21.3 GiB free: as many models fit as their "
+        "estimates add up to within the free memory."
+    )
     alone = lessons.multi_model_takeaway(["minilm"], []).lines
     assert alone == ("One server held 1 model (minilm), each in its own process.",)
 

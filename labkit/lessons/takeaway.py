@@ -161,6 +161,7 @@ def multi_model_takeaway(
     measured_gib: float | None = None,
     estimated_gib: float | None = None,
     live: tuple[str, str] | None = None,
+    free_gib: float | None = None,
 ) -> Takeaway:
     """Notebook 02: how many models one server held (and in how much memory), what changed
     while it served, and what each semantic search showed: a passage found by meaning, or one
@@ -170,7 +171,8 @@ def multi_model_takeaway(
     when ``live`` is given: the notebook's question is what fits and what can change, so those
     come first); ``measured_gib`` and ``estimated_gib`` are the models' resident memory together
     and the plan's estimate (:meth:`labkit.capacity.Plan.compare`); ``live`` names the model
-    unloaded and reloaded and the one whose configuration was edited and reloaded.
+    unloaded and reloaded and the one whose configuration was edited and reloaded; ``free_gib``,
+    the memory the plan found free, answers the notebook's question: how many fit.
     """
     if not served:
         raise ConfigError("multi_model_takeaway() needs the models the server held")
@@ -179,6 +181,11 @@ def multi_model_takeaway(
         if measured_gib is not None and estimated_gib is not None
         else ""
     )
+    if memory and free_gib is not None:
+        memory += (
+            f", out of {free_gib:.1f} GiB free: as many models fit as their estimates add up to "
+            "within the free memory"
+        )
     held = f"{len(served)} model{'s' if len(served) != 1 else ''} ({_names(served)})"
     lines = [f"One server held {held}, each in its own process{memory}."]
     if live is not None:
