@@ -48,6 +48,16 @@ def test_a_gain_in_every_round_is_a_gain_explained_by_the_batches_and_called_cpu
     )
     assert "These are CPU figures, not Inferentia's" in c.text
     assert "both models answer as in-process PyTorch does" in c.text
+    assert "the largest difference is 2.0e-06, float rounding (the limit is 0.001)" in c.text
+    exact = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100, 110], [250, 260]), CHECKS)
+    assert "the largest difference is none at all: on the CPU stand-in the compiled model" in (
+        exact.text
+    )
+    assert "checks the serving (inputs, outputs, batching) more than the compiler" in exact.text
+    assert exact.takeaway[0].endswith(
+        "PyTorch does to the last bit, on the CPU stand-in of the compiler."
+    )
+    assert c.takeaway[0].endswith("(largest difference 2.0e-06).")
     assert c.figures["throughput_with_4_clients_against_1"] == lessons.Ratio(255 / 105, "infer/s")
     assert c.figures["throughput_infer_s_c1"] == 105 and len(c.figures) <= 6
     assert c.takeaway[1] == (
