@@ -119,12 +119,13 @@ def neuron_conclusion(
     on_device = target != "cpu"
     where = f"on {target} NeuronCores" if on_device else "on this host's CPU, the stand-in target"
 
+    bit_exact = worst == 0 and not on_device  # the CPU stand-in's trace: the same operations
     exact = (
         "none at all: on the CPU stand-in the compiled model is a trace of the same operations "
         "on the same processor, so this checks the serving (inputs, outputs, batching) more "
         "than the compiler; on NeuronCores the compiler changes the arithmetic and float "
         "rounding shows"
-        if worst == 0 and not on_device
+        if bit_exact
         else f"{worst:.1e}, float rounding"
     )
     answers = (
@@ -201,7 +202,7 @@ def neuron_conclusion(
          if same else "Compiled and served by Triton, the answers differ from PyTorch's")
         + (
             " to the last bit, on the CPU stand-in of the compiler."
-            if worst == 0 and not on_device
+            if bit_exact
             else f" (largest difference {worst:.1e})."
         ),
         f"{high} clients in flight against {low} gave {said}{because}{cpu}.",

@@ -28,6 +28,7 @@ from labkit.neuron.compiler import CompiledModel
 from labkit.neuron.gen import GeneratedModel, GenOptions, TensorSpec, generate_model
 from labkit.neuron.vllm import NeuronVllmConfig, NeuronVllmModel, write_neuron_vllm_model
 from labkit.repository import read_config
+from labkit.server.image import loopback_ports
 from labkit.settings import project_root
 
 log = logging.getLogger(__name__)
@@ -475,8 +476,8 @@ DEVICES = {
 def docker_command(instance_type: str, repository: str | os.PathLike, image: str) -> str:
     """The guide's ``docker run --device /dev/neuron0 ...`` for ``instance_type``, serving
     ``repository`` with ``image`` (a tritonserver image with the Neuron runtime installed). Its
-    ports are published on 127.0.0.1 (the guide's ``-p 8000:8000`` opens them to every network
-    the host is on); on a host that clients reach over the network, drop ``127.0.0.1:``."""
+    ports are published on 127.0.0.1 (:func:`~labkit.server.image.loopback_ports`), where the
+    guide's ``-p 8000:8000`` opens them to every network the host is on."""
     if instance_type not in DEVICES:
         raise ConfigError(f"unknown instance type {instance_type!r}; one of {', '.join(DEVICES)}")
     devices = [f"--device=/dev/neuron{i}" for i in range(DEVICES[instance_type])]
@@ -493,12 +494,7 @@ def docker_command(instance_type: str, repository: str | os.PathLike, image: str
         "memlock=-1",
         "--ulimit",
         "stack=67108864",
-        "-p",  # the guide publishes on every network; here on this host only, as labkit serves
-        "127.0.0.1:8000:8000",
-        "-p",
-        "127.0.0.1:8001:8001",
-        "-p",
-        "127.0.0.1:8002:8002",
+        *loopback_ports((8000, 8000), (8001, 8001), (8002, 8002)),
         "--rm",
         image,
         "tritonserver",

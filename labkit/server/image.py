@@ -408,6 +408,13 @@ def write_vllm_backend_model(
     return model_dir
 
 
+def loopback_ports(*ports: tuple[int, int]) -> list[str]:
+    """``docker run``'s ``-p`` flags publishing each ``(host, container)`` port on 127.0.0.1 only,
+    where labkit's own servers listen: a bare ``-p 8000:8000`` opens the port to every network
+    the host is on. A host that serves other machines drops ``127.0.0.1:``."""
+    return [flag for host, inside in ports for flag in ("-p", f"127.0.0.1:{host}:{inside}")]
+
+
 def vllm_run_command(
     repository: str | os.PathLike,
     *,
@@ -417,20 +424,15 @@ def vllm_run_command(
     metrics_port: int = 8002,
 ) -> list[str]:
     """The ``docker run`` of Triton's vLLM image serving ``repository`` on every GPU (built and
-    shown, not run: it needs a Docker engine and a GPU). Its ports are published on 127.0.0.1,
-    where labkit's servers listen; a host that serves other machines drops ``127.0.0.1:``."""
+    shown, not run: it needs a Docker engine and a GPU), its ports on 127.0.0.1
+    (:func:`loopback_ports`)."""
     return [
         "docker",
         "run",
         "--rm",
         "--gpus=all",
         "--shm-size=1g",
-        "-p",
-        f"127.0.0.1:{http_port}:8000",
-        "-p",
-        f"127.0.0.1:{grpc_port}:8001",
-        "-p",
-        f"127.0.0.1:{metrics_port}:8002",
+        *loopback_ports((http_port, 8000), (grpc_port, 8001), (metrics_port, 8002)),
         "-v",
         f"{Path(repository).resolve()}:/models",
         ngc_image(release, flavour="vllm"),
