@@ -22,6 +22,14 @@ def register(sub) -> None:
     )
     p.add_argument("--model-repository", default="model_repository", help="the repository to serve")
     p.add_argument("--out", required=True, help="folder for the manifests")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a model to deploy, with the models its pipeline calls (repeatable; default: every "
+        "model the image can run)",
+    )
     accelerator = p.add_mutually_exclusive_group()
     accelerator.add_argument("--gpu", action="store_true", help="request nvidia.com/gpu")
     accelerator.add_argument("--neuron", action="store_true", help="request aws.amazon.com/neuron")
@@ -68,6 +76,7 @@ def _cli_k8s(args) -> int:
         queue_target_us=args.queue_target_us,
         hf_secret=args.hf_secret,
         cache_size=args.cache_size,
+        models=tuple(args.model),
     )
     for path in write_manifests(args.model_repository, args.out, settings):
         print(path)

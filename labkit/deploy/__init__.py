@@ -2,18 +2,25 @@
 
 - :mod:`.k8s`: plain manifests (Deployment, Service, HPA on Triton's queue time with its
   prometheus-adapter rule, the repository's claim) or a KServe InferenceService;
-- :mod:`.validate`: kubernetes-validate for core resources, check-jsonschema for KServe's.
+- :mod:`.validate`: kubernetes-validate for core resources, check-jsonschema for KServe's;
+- :mod:`.portable`: the paths of this machine that a file written for another must not name.
 """
 
 from .k8s import (
     ACCELERATORS,
     NGC_IMAGE,
     DeploySettings,
+    copy_command,
+    copy_repository,
+    deployed_models,
     manifests,
     ngc_image,
     python_requirements,
+    runs_elsewhere,
+    settings_for,
     write_manifests,
 )
+from .portable import Finding, find_machine_paths, machine_paths, scan
 from .validate import KUBERNETES_VERSION, kserve_schema, validate_manifests
 
 __all__ = [
@@ -21,10 +28,19 @@ __all__ = [
     "KUBERNETES_VERSION",
     "NGC_IMAGE",
     "DeploySettings",
+    "Finding",
+    "copy_command",
+    "copy_repository",
+    "deployed_models",
+    "find_machine_paths",
     "kserve_schema",
+    "machine_paths",
     "manifests",
     "ngc_image",
     "python_requirements",
+    "runs_elsewhere",
+    "scan",
+    "settings_for",
     "validate_manifests",
     "write_manifests",
 ]

@@ -17,13 +17,22 @@ What :func:`write_manifests` writes into ``out`` (one resource per file, so each
 - ``--kserve``: ``inferenceservice.yaml`` (``serving.kserve.io/v1beta1``, runtime
   ``kserve-tritonserver``, ``storageUri`` the same claim) instead of the Deployment and Service;
   the HPA then targets the predictor Deployment KServe creates in RawDeployment mode;
-- ``requirements.txt``: the Python packages the repository's models import, at the versions this
+- ``requirements.txt``: the Python packages the deployed models import, at the versions this
   environment has (what the image must contain; with the NGC image they are installed at start);
-- ``README.md``: how to apply them, and the Secret to create.
+- ``README.md``: how to apply them, the exact copy of the deployed models into the claim, and the
+  Secret to create.
 
-Every model of the repository is loaded at start (``--model-control-mode=none``), so a pipeline
-travels whole: the ensemble ``minilm_pipeline`` with its steps, and ``ask`` with the models it
-calls. The response cache: ``cache_size`` (bytes; ``labkit deploy k8s --cache-size``) starts
+Which models: those named in ``DeploySettings.models``, or by default every model of the
+repository the image can run (:func:`deployed_models`). A model whose stub runs in one of the
+lab's own Python environments (``labkit_environment``, such as ``smollm2_vllm`` in
+``.venv-vllm``) or in a venv its config names (``EXECUTION_ENV_PATH``) is left out, with a
+warning that says where it goes instead: Triton's vLLM image with its ``backend: "vllm"`` twin
+(:func:`labkit.server.image.write_vllm_backend_model`). A pipeline travels whole: an ensemble with
+its steps, and a BLS model (``ask``) with the models its ``*_model`` parameters name. Triton
+starts with ``--model-control-mode=explicit`` and one ``--load-model`` per deployed model, so a pod
+loads exactly those even when the claim holds more. :func:`copy_repository` copies exactly those
+models with their links resolved (what the README's ``cp -rL`` does), and refuses a config that
+names a folder of this machine. The response cache: ``cache_size`` (bytes; ``labkit deploy k8s --cache-size``) starts
 Triton with the ``local`` cache of that size from the image's own ``/opt/tritonserver/caches``
 (NGC's image, and the lab's built on it). A repository with a model whose config enables
 ``response_cache`` gets :data:`DEFAULT_CACHE_BYTES` unless a size is given: without a cache,
@@ -45,10 +54,13 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import logging
 import math
 import os
 import re
+import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -58,7 +70,14 @@ import yaml
 from labkit.cluster import ready_check
 from labkit.errors import ConfigError, MissingFileError
 from labkit.repository import Repository
+from labkit.repository.config import CONFIG_FILE
+from labkit.repository.folder import ENVIRONMENT_PARAMETER, ENVIRONMENTS, EXECUTION_ENV_PATH
+from labkit.server.image import ngc_image as flavoured_image
 from labkit.settings import NGC_IMAGE, triton_image
+
+from .portable import find_machine_paths
+
+log = logging.getLogger(__name__)
 
 # NGC's Triton image (--ngc, settings.NGC_IMAGE) lacks the models' Python packages; they are then
 # installed when the container starts. The default image is the lab's own (LABKIT_TRITON_IMAGE,
@@ -92,6 +111,11 @@ _QUANTITY = re.compile(
 )
 #: Distributions a model imports under another name, and ones the server itself provides.
 _SERVER_PROVIDED = {"triton_python_backend_utils"}
+#: A Python model's parameters that name a model it calls (BLS): ``ask``'s ``embedding_model`` and
+#: ``llm_model``. The repository declares no other list of callees; ``huggingface_model`` names
+#: weights, not a model.
+CALLEE_SUFFIX = "_model"
+_NOT_CALLEES = {"huggingface_model"}
 
 
 @dataclass(frozen=True)
@@ -118,6 +142,8 @@ class DeploySettings:
     node_selector: dict[str, str] = field(default_factory=dict)
     requirements: tuple[str, ...] = ()
     cache_size: int | None = None  # bytes of Triton's response cache; None: no cache
+    #: the models to deploy (with what their pipelines call); empty: every model the image runs
+    models: tuple[str, ...] = ()
 
     def check(self) -> DeploySettings:
         if self.accelerator not in ACCELERATORS:
@@ -174,10 +200,107 @@ def memory_bytes(quantity: str) -> int:
     return math.ceil(value * _MEMORY_UNITS.get(unit or "", 1))
 
 
-def cached_models(repository: str | os.PathLike) -> list[str]:
-    """The repository's models whose config enables Triton's response cache."""
+def cached_models(repository: str | os.PathLike, models: Sequence[str] | None = None) -> list[str]:
+    """The models (of ``models``, default every one of the repository) whose config enables
+    Triton's response cache."""
     repo = Repository(repository)
-    return [name for name in repo.models() if repo.config(name).response_cache.enable]
+    names = repo.models() if models is None else list(models)
+    return [name for name in names if repo.config(name).response_cache.enable]
+
+
+# -- which models ------------------------------------------------------------------------------
+def deployed_models(repository: str | os.PathLike, models: Sequence[str] = ()) -> list[str]:
+    """The models the manifests deploy, in the repository's order: ``models`` with every model
+    their pipelines need, or by default every model the image can run.
+
+    A pipeline travels whole: an ensemble's steps (``ensemble_scheduling``), and the models a
+    Python model calls (BLS), which the repository names in its ``*_model`` parameters
+    (:data:`CALLEE_SUFFIX`; ``ask``: ``embedding_model``, ``llm_model``), each with what it needs
+    in turn. A model whose stub needs a Python environment the image lacks (:func:`runs_elsewhere`)
+    is left out by default with a warning that says where it goes instead; naming it, or a
+    pipeline that needs it, is a :class:`ConfigError` saying the same. An unknown name is a
+    :class:`ConfigError` listing the repository's models.
+    """
+    repo = Repository(repository)
+    known = repo.models()
+    unknown = [m for m in models if m not in known]
+    if unknown:
+        raise ConfigError(
+            f"no model {', '.join(map(repr, unknown))} in the repository {repo.path.name!r}; "
+            f"its models: {', '.join(known) or 'none'}"
+        )
+    chosen: set[str] = set()
+    for model in models or known:
+        needed = _with_callees(repo, model, known)
+        elsewhere = {m: why for m in sorted(needed) if (why := runs_elsewhere(repo, m))}
+        if not elsewhere:
+            chosen |= needed
+            continue
+        reason = "; ".join(
+            (why if m == model else f"it needs {m}, and {m}: {why}") for m, why in elsewhere.items()
+        )
+        if models:
+            raise ConfigError(f"{model} cannot be deployed in this image: {reason}")
+        log.warning("leaving %s out of the manifests: %s", model, reason)
+    return [m for m in known if m in chosen]
+
+
+def runs_elsewhere(repository: Repository, model: str) -> str | None:
+    """Why ``model`` cannot run in the lab's Triton image, and where it goes instead; ``None``
+    when it can. Its stub runs in one of the lab's environments (``labkit_environment``: vLLM in
+    ``.venv-vllm``) or in the venv its ``EXECUTION_ENV_PATH`` names: neither is in the image, and
+    the config's path is one of the machine that wrote it."""
+    parameters = repository.config(model).parameters
+    if ENVIRONMENT_PARAMETER in parameters:
+        environment = parameters[ENVIRONMENT_PARAMETER].string_value
+        folder = ENVIRONMENTS.get(environment, environment)
+        return (
+            f"its stub runs in the lab's {environment!r} environment ({folder} of the checkout, "
+            "named in its config), which the image does not have; serve it with Triton's vLLM "
+            f'image ({flavoured_image(flavour="vllm")}) and its backend: "vllm" twin '
+            "(labkit.server.image.write_vllm_backend_model; labkit.llm_serving.write_gpu_configs "
+            "writes both)"
+        )
+    if EXECUTION_ENV_PATH in parameters:
+        return (
+            f"its stub runs in the Python environment {EXECUTION_ENV_PATH} names "
+            f"({parameters[EXECUTION_ENV_PATH].string_value!r}), which the image does not have; "
+            "serve it on a host or image that has that environment"
+        )
+    return None
+
+
+def _with_callees(repo: Repository, model: str, known: list[str]) -> set[str]:
+    """``model`` and every model it needs: ensemble steps and BLS callees, transitively."""
+    needed, todo = set(), [model]
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        config = repo.config(name)
+        steps = [step.model_name for step in config.ensemble_scheduling.step]
+        missing = [s for s in steps if s not in known]
+        if missing:
+            raise ConfigError(
+                f"the ensemble {name} has steps {', '.join(missing)} that are not in the "
+                f"repository {repo.path.name!r}; add them or leave {name} out"
+            )
+        callees = [
+            parameter.string_value
+            for key, parameter in config.parameters.items()
+            if key.endswith(CALLEE_SUFFIX) and key not in _NOT_CALLEES
+        ]
+        for callee in callees:
+            if callee not in known:
+                log.warning(
+                    "%s names %r, which is not a model of the repository: a request that "
+                    "calls it fails",
+                    name,
+                    callee,
+                )
+        todo += steps + [c for c in callees if c in known]
+    return needed
 
 
 def cache_args(s: DeploySettings) -> list[str]:
@@ -193,13 +316,15 @@ def ngc_image() -> str:
 
 
 # -- the repository's Python dependencies -----------------------------------------------------
-def python_requirements(repository: str | os.PathLike) -> list[str]:
-    """``name==version`` for every distribution the repository's model code imports (at the
-    versions installed here), plus weight packages named by ``package:`` parameters. numpy is
-    pinned below 2, which Triton 2.51's Python backend needs."""
+def python_requirements(
+    repository: str | os.PathLike, models: Sequence[str] | None = None
+) -> list[str]:
+    """``name==version`` for every distribution the code of ``models`` (default: every model of
+    the repository) imports, at the versions installed here, plus weight packages named by
+    ``package:`` parameters. numpy is pinned below 2, which Triton 2.51's Python backend needs."""
     repo = Repository(repository)
     modules: set[str] = set()
-    for name in repo.models():
+    for name in repo.models() if models is None else models:
         for path in sorted((repo.path / name).rglob("*.py")):
             modules |= _imported_modules(path)
         config = repo.config(name)
@@ -274,10 +399,16 @@ def _env(s: DeploySettings) -> list[dict]:
     ]
 
 
+def load_args(s: DeploySettings) -> list[str]:
+    """``--model-control-mode=explicit`` and one ``--load-model`` per deployed model: the pod
+    loads exactly these at start, whatever else the claim holds."""
+    return ["--model-control-mode=explicit", *(f"--load-model={m}" for m in s.models)]
+
+
 def _server_args(s: DeploySettings, repository: str = MODEL_DIR) -> list[str]:
     return [
         f"--model-repository={repository}",
-        "--model-control-mode=none",  # every model of the repository, loaded at start
+        *load_args(s),
         f"--http-port={PORTS['http']}",
         f"--grpc-port={PORTS['grpc']}",
         f"--metrics-port={PORTS['metrics']}",
@@ -322,8 +453,8 @@ def _probes(port: int | str = "http", http_port: int = PORTS["http"]) -> dict:
 
     return {
         # Model loads take minutes (weights from shared storage or the hub): the startup probe
-        # allows 20 minutes before liveness and readiness take over. With every model loaded at
-        # start (--model-control-mode=none), /v2/health/ready is right here.
+        # allows 20 minutes before liveness and readiness take over. With the deployed models
+        # loaded at start (--load-model, each), /v2/health/ready is right here.
         "startupProbe": {
             "httpGet": {"path": "/v2/health/ready", "port": port},
             "periodSeconds": 10,
@@ -518,7 +649,7 @@ def inference_service(s: DeploySettings) -> dict:
         "runtime": "kserve-tritonserver",
         "storageUri": s.storage_uri or f"pvc://{s.claim}",
         "args": [
-            "--model-control-mode=none",
+            *load_args(s),
             "--allow-metrics=true",
             "--allow-cpu-metrics=true",
             *cache_args(s),
@@ -556,8 +687,14 @@ def inference_service(s: DeploySettings) -> dict:
 
 # -- writing -----------------------------------------------------------------------------------
 def manifests(s: DeploySettings) -> dict[str, dict]:
-    """File name -> resource, for these settings."""
+    """File name -> resource, for these settings (``s.models`` named: :func:`write_manifests`
+    picks them from a repository)."""
     s.check()
+    if not s.models:
+        raise ConfigError(
+            "the manifests need the models to deploy: give DeploySettings(models=(...)), or let "
+            "write_manifests(repository, ...) pick them from the repository"
+        )
     files = {"pvc.yaml": persistent_volume_claim(s), "configmap.yaml": check_config_map(s)}
     if s.kserve:
         files["inferenceservice.yaml"] = inference_service(s)
@@ -568,20 +705,39 @@ def manifests(s: DeploySettings) -> dict[str, dict]:
     return files
 
 
-def write_manifests(
-    repository: str | os.PathLike, out: str | os.PathLike, settings: DeploySettings | None = None
-) -> list[Path]:
-    """Write the manifests for ``repository`` into ``out``; return the paths written."""
+def settings_for(
+    repository: str | os.PathLike, settings: DeploySettings | None = None
+) -> DeploySettings:
+    """``settings`` completed from ``repository``: the models to deploy (:func:`deployed_models`),
+    the packages they import (unless given) and, when one of them enables the response cache
+    and no size was given, :data:`DEFAULT_CACHE_BYTES`."""
     repo = Path(repository)
     if not repo.is_dir():
         raise MissingFileError(
             f"model repository {str(repo)!r} does not exist; pass --model-repository a folder of models"
         )
     settings = settings or DeploySettings()
+    models = tuple(deployed_models(repo, settings.models))
+    if not models:
+        raise ConfigError(
+            f"the repository {repo.name!r} holds no model this image can run; name the models "
+            "to deploy, or add one"
+        )
+    settings = replace(settings, models=models)
     if not settings.requirements:
-        settings = replace(settings, requirements=tuple(python_requirements(repo)))
-    if settings.cache_size is None and cached_models(repo):
+        settings = replace(settings, requirements=tuple(python_requirements(repo, models)))
+    if settings.cache_size is None and cached_models(repo, models):
         settings = replace(settings, cache_size=DEFAULT_CACHE_BYTES)
+    return settings
+
+
+def write_manifests(
+    repository: str | os.PathLike, out: str | os.PathLike, settings: DeploySettings | None = None
+) -> list[Path]:
+    """Write the manifests for ``repository`` into ``out`` (:func:`settings_for` picks the
+    models); return the paths written."""
+    repo = Path(repository)
+    settings = settings_for(repo, settings)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -599,6 +755,65 @@ def write_manifests(
     readme = out / "README.md"
     readme.write_text(_readme(settings, repo))
     return [*written, values, requirements, readme]
+
+
+def copy_repository(
+    repository: str | os.PathLike,
+    dest: str | os.PathLike,
+    settings: DeploySettings | None = None,
+) -> Path:
+    """Copy exactly the deployed models (:func:`settings_for`) of ``repository`` into ``dest``
+    with every link resolved, as the README's ``cp -rL`` does; return ``dest``.
+
+    ``dest`` must be empty or missing. A copied config that names a folder of this machine
+    (:func:`~labkit.deploy.portable.find_machine_paths`) is an error: the pod cannot reach it.
+    Nothing is left in ``dest`` when the copy fails.
+    """
+    settings = settings_for(repository, settings)
+    source, dest = Path(repository), Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise ConfigError(f"cannot copy the models into {str(dest)!r}: it is not empty")
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        for model in settings.models:
+            shutil.copytree(
+                source / model,
+                dest / model,
+                symlinks=False,
+                ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"),
+            )
+            config = dest / model / CONFIG_FILE
+            named = find_machine_paths(config.read_text(encoding="utf-8"))
+            if named:
+                raise ConfigError(
+                    f"{model}/{CONFIG_FILE} names {', '.join(p for _, p in named)}, a path of "
+                    "this machine that the pod cannot reach (line "
+                    f"{', '.join(str(n) for n, _ in named)}); make it relative to the model "
+                    "folder ($$TRITON_MODEL_DIRECTORY) or leave the model out"
+                )
+    except shutil.Error as exc:
+        _empty(dest)
+        raise MissingFileError(
+            f"copying {model} with its links resolved failed (a link that points nowhere?): {exc}"
+        ) from None
+    except BaseException:
+        _empty(dest)
+        raise
+    return dest
+
+
+def copy_command(s: DeploySettings, repository: str = "REPO", mount: str = "<mount>") -> str:
+    """The shell command that copies the deployed models into the claim, as
+    :func:`copy_repository` does: ``cp -rL REPO/minilm REPO/smollm2 <mount>/``."""
+    return f"cp -rL {' '.join(f'{repository}/{m}' for m in s.models)} {mount}/"
+
+
+def _empty(folder: Path) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -625,7 +840,15 @@ def _readme(s: DeploySettings, repository: Path) -> str:
         else "pvc.yaml configmap.yaml deployment.yaml service.yaml hpa.yaml"
     )
     ns = f" -n {s.namespace}" if s.namespace else ""
-    cached = cached_models(repository)
+    cached = cached_models(repository, s.models)
+    repo = Repository(repository)
+    left_out = "".join(
+        f"\n- `{m}`: " + (runs_elsewhere(repo, m) or "not chosen (`--model`)")
+        for m in repo.models()
+        if m not in s.models
+    )
+    if left_out:
+        left_out = f"\n\nLeft out of the repository `{repository.name}`:{left_out}"
     if s.cache_size is None:
         cache = "Response cache: off (give `--cache-size` for one)."
     else:
@@ -637,10 +860,16 @@ def _readme(s: DeploySettings, repository: Path) -> str:
         )
     return f"""# {s.name}: Triton on Kubernetes ({kind}, {s.accelerator})
 
-Written by `labkit deploy k8s` from `{repository}`. Nothing here was applied to a cluster.
+Written by `labkit deploy k8s` from a model repository named `{repository.name}`. Nothing here
+was applied to a cluster.
 
-1. The model repository on shared storage: `kubectl apply{ns} -f pvc.yaml`, then copy the
-   repository into the claim with its weights resolved (`cp -rL {repository.name}/. <mount>/`).
+Models: {", ".join(f"`{m}`" for m in s.models)}. Triton loads exactly these at start
+(`--model-control-mode=explicit`, one `--load-model` each), whatever else the claim holds.{left_out}
+
+1. The model repository on shared storage: `kubectl apply{ns} -f pvc.yaml`, then copy these
+   models into the claim with their weights and shared code resolved, from the folder that holds
+   `{repository.name}/`: `{copy_command(s, repository.name)}`
+   (labkit's `copy_repository` makes the same copy).
 2. The hub token, if a model needs one (never written in these files):
    `kubectl create secret generic {s.hf_secret}{ns} --from-literal=HF_TOKEN=...`
 3. prometheus-adapter with the queue-time rule:
