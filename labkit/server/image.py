@@ -425,7 +425,9 @@ def vllm_run_command(
 ) -> list[str]:
     """The ``docker run`` of Triton's vLLM image serving ``repository`` on every GPU (built and
     shown, not run: it needs a Docker engine and a GPU), its ports on 127.0.0.1
-    (:func:`loopback_ports`)."""
+    (:func:`loopback_ports`). It runs on the GPU host, from the folder that holds the copied
+    ``repository``: the mount is ``$PWD/<its name>``, which the shell there expands (this
+    machine's path to it would name nothing there)."""
     return [
         "docker",
         "run",
@@ -434,7 +436,7 @@ def vllm_run_command(
         "--shm-size=1g",
         *loopback_ports((http_port, 8000), (grpc_port, 8001), (metrics_port, 8002)),
         "-v",
-        f"{Path(repository).resolve()}:/models",
+        f"$PWD/{Path(repository).resolve().name}:/models",
         ngc_image(release, flavour="vllm"),
         "tritonserver",
         "--model-repository=/models",
