@@ -384,9 +384,10 @@ def config_changes(base: mc.ModelConfig, neuron: mc.ModelConfig) -> pd.DataFrame
 
 
 def setup_command(model: NeuronVllmModel, cfg: NeuronVllmConfig) -> list[str]:
-    """The setup script's command line for this model's venv (run on the inf2/trn1 host)."""
+    """The setup script's command line for this model's venv, run on the inf2/trn1 host from the
+    folder that holds the copied script (this machine's path to it names nothing there)."""
     return [
-        str(model.setup_script),
+        f"./{model.setup_script.name}",
         "--venv",
         cfg.execution_env_path,
         "--plugin-ref",
