@@ -8,7 +8,9 @@ text model fails to load in it. ``docker/Dockerfile`` is that image for the lab 
 
 - :func:`build_command` is the ``docker build`` that ``labkit image build`` shows and runs
   (:func:`build`); ``day_zero=`` builds the tutorial's "Day Zero" variant, transformers from
-  source at a git ref;
+  source at a git ref; ``base=`` builds FROM another image laid out as NGC's, such as the CPU
+  stand-in of :mod:`labkit.server.base_image`, with the host's pip settings served to the build
+  (:mod:`labkit.server.pip_server`);
 - :func:`inspect_image` asks Docker whether an image exists and what its Python imports
   (``docker image inspect``, then a one-line ``docker run ... python3 -c``);
 - :func:`require_image` is what the docker mode calls before it starts a container: it raises
@@ -29,7 +31,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,12 +41,15 @@ from tritonclient.grpc import model_config_pb2 as mc
 from labkit import proc
 from labkit.errors import ConfigError, MissingDependencyError, MissingFileError, ToolError
 from labkit.repository import config_to_text, parse_config, validate
+from labkit.server import pip_server
+from labkit.server.docker import require_client, require_daemon
 from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE, project_root
 
 log = logging.getLogger(__name__)
 
 #: ``docker build``'s context: the Dockerfile and the requirements it copies, nothing else.
 DOCKER_DIR = project_root() / "docker"
+LAB_IMAGE_NAME = "triton_transformer_server"
 DAY_ZERO_ARG = "TRANSFORMERS_REF"
 
 #: Run inside the image: what the lab's model code imports, as one JSON line.
@@ -86,6 +90,7 @@ def build_command(
     release: str | None = None,
     day_zero: str | None = None,
     torch_index_url: str | None = None,
+    base: str | None = None,
     docker_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """The ``docker build`` of the lab's image.
@@ -93,7 +98,11 @@ def build_command(
     ``tag`` defaults to the docker mode's default image, ``triton_transformer_server:<release>``;
     ``release`` is the NGC release to build FROM (default :data:`~labkit.settings.TRITON_RELEASE`);
     ``day_zero`` a transformers git ref (``main``, a tag or a commit) to build from source;
-    ``torch_index_url`` the pip index of the torch CUDA build to install.
+    ``torch_index_url`` the pip index of the torch CUDA build to install; ``base`` another image
+    to build FROM instead of NGC's (the tag then defaults to ``triton_transformer_server:<the
+    base's tag>``, e.g. ``:2.51-cpu`` on the stand-in). A build on ``base`` runs with
+    ``--network host``: pip in it reaches the indexes and :func:`build`'s pip settings there (a
+    bridged build has no route out where the engine runs without iptables).
     """
     folder = Path(docker_dir) if docker_dir else DOCKER_DIR
     if not (folder / "Dockerfile").is_file():
@@ -102,10 +111,15 @@ def build_command(
             "triton-labkit (its docker/ folder holds the lab's Dockerfile)"
         )
     release = release or TRITON_RELEASE
-    if tag is None:
-        tag = DEFAULT_IMAGE if release == TRITON_RELEASE else f"triton_transformer_server:{release}"
+    if tag is None and base:
+        tag = f"{LAB_IMAGE_NAME}:{base.rpartition(':')[2] if ':' in base else 'latest'}"
+    elif tag is None:
+        tag = DEFAULT_IMAGE if release == TRITON_RELEASE else f"{LAB_IMAGE_NAME}:{release}"
     folder = _shown(folder)
-    cmd = ["docker", "build", "-t", tag, "-f", str(folder / "Dockerfile")]
+    # --force-rm: a failed step's container goes too (the classic builder keeps it otherwise)
+    cmd = ["docker", "build", "-t", tag, "--force-rm", "-f", str(folder / "Dockerfile")]
+    if base:
+        cmd += ["--network", "host", "--build-arg", f"BASE_IMAGE={base}"]
     if release != TRITON_RELEASE:
         cmd += ["--build-arg", f"TRITON_RELEASE={release}"]
     if day_zero:
@@ -143,7 +157,9 @@ def compare_with_tutorial(docker_dir: str | os.PathLike | None = None):
     base = re.search(r"^FROM (\S+)", dockerfile, re.MULTILINE)
     if base is None:
         raise ConfigError(f"{folder / 'Dockerfile'} has no FROM line")
-    ours_base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), base[1])
+    ours_base = base[1]
+    for _ in range(len(args)):  # an ARG's default may name another ARG (BASE_IMAGE, the release)
+        ours_base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), ours_base)
     pins = dict(
         re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", (folder / "requirements.txt").read_text(),
                    re.MULTILINE)
@@ -173,18 +189,34 @@ def _shown(folder: Path) -> Path:
         return folder
 
 
-def build(command: list[str], *, timeout_s: float = 3600.0) -> None:
-    """Run a :func:`build_command`; its output goes to this process's terminal, as it comes.
+def build(command: list[str], *, timeout_s: float = 3600.0, stdout=None) -> None:
+    """Run a :func:`build_command`; its output goes to ``stdout`` (default: this process's
+    terminal), as it comes.
 
-    A build pulls a multi-GB base image and installs torch: minutes, not seconds. Raises
+    A build on NGC's image pulls a multi-GB base and installs torch: minutes, not seconds. A
+    build on another base (``--network host`` in the command) gets the host's pip settings
+    (its local wheel folders and certificate bundle, :mod:`labkit.server.pip_server`) as
+    ``HOST_PIP_URL`` for its length. It runs on Docker's classic builder (``DOCKER_BUILDKIT=0``): the Dockerfile needs
+    nothing of BuildKit's, and a BuildKit without the buildx plugin refuses to build. Raises
     :class:`ToolError` naming the command when the build fails.
     """
-    _require_docker_client()
-    log.info("running %s", shlex.join(command))
-    try:
-        done = subprocess.run(command, check=False, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"docker build ran past {timeout_s:g} s: {shlex.join(command)}") from None
+    require_client()
+    require_daemon()
+    settings = pip_server.host_pip() if "--network" in command else pip_server.HostPip()
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    with pip_server.serving(settings) as url:
+        if url:
+            command = [*command[:-1], "--build-arg", f"HOST_PIP_URL={url}", command[-1]]
+        log.info("running %s", shlex.join(command))
+        try:
+            done = subprocess.run(
+                command, check=False, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                stdout=stdout, stderr=subprocess.STDOUT if stdout else None, env=env,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise ToolError(
+                f"docker build ran past {timeout_s:g} s: {shlex.join(command)}"
+            ) from None
     if done.returncode != 0:
         raise ToolError(
             f"docker build exited with status {done.returncode} (its output is above): "
@@ -194,7 +226,8 @@ def build(command: list[str], *, timeout_s: float = 3600.0) -> None:
 
 def inspect_image(image: str, *, timeout_s: float = 180.0) -> ImageInfo | None:
     """What ``image`` holds, or None when Docker has no such image here (nothing is pulled)."""
-    _require_docker_client()
+    require_client()
+    require_daemon()
     found = proc.run(
         ["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout_s=60, check=False
     )
@@ -275,14 +308,6 @@ def require_image(image: str) -> ImageInfo:
             "image %s has numpy %s; the lab's model code is tested with numpy<2", image, info.numpy
         )
     return info
-
-
-def _require_docker_client() -> None:
-    if not shutil.which("docker"):
-        raise MissingDependencyError(
-            "the docker command is not installed here; install Docker with the NVIDIA Container "
-            "Toolkit (a GPU host), or use the local mode (server_mode='local'), which needs none"
-        )
 
 
 # -- Triton's vLLM image and its vllm backend ------------------------------------------------------
