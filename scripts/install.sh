@@ -9,8 +9,9 @@ VENV=.venv
 STAMP=$VENV/.labkit-installed
 
 # System packages: libb64 for perf_analyzer; Chromium for the browser test; shellcheck for the
-# host-setup script test; HAProxy for the replicas of notebook 07.
-APT_PACKAGES=(libb64-0d chromium shellcheck haproxy)
+# host-setup script test; HAProxy for the replicas of notebook 07; Docker's engine and debootstrap
+# for the docker mode, the CPU stand-in image and the pod rehearsal (the docker tier).
+APT_PACKAGES=(libb64-0d chromium shellcheck haproxy docker.io debootstrap)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -24,6 +25,25 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "install: these system packages are missing; run as root:" >&2
     echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
   fi
+fi
+
+# The Docker engine: started where it does not answer, as root (systemd's service where systemd
+# runs; else dockerd itself, without iptables, which containers of this kind of host may not
+# touch; its default bridge still publishes -p 127.0.0.1:P:P). Elsewhere the command is printed
+# and the docker tier's tests skip, saying why.
+if command -v docker >/dev/null && ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then
+    systemctl start docker || true
+  elif [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
+    echo "install: starting dockerd (log: /var/log/labkit-dockerd.log)"
+    setsid dockerd --iptables=false --ip6tables=false >>/var/log/labkit-dockerd.log 2>&1 < /dev/null &
+    disown  # not one of the install's jobs, which its exit trap stops
+  fi
+  for _ in $(seq 1 30); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || {
+    echo "install: no Docker engine answers; the docker tier will skip. Start it as root:" >&2
+    echo "  sudo systemctl start docker   (or: sudo dockerd --iptables=false --ip6tables=false &)" >&2
+  }
 fi
 
 # The Triton Python-backend stub links libpython: the interpreter must have a shared one.
