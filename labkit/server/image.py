@@ -42,6 +42,7 @@ from labkit import proc
 from labkit.errors import ConfigError, MissingDependencyError, MissingFileError, ToolError
 from labkit.repository import config_to_text, parse_config, validate
 from labkit.server import pip_server
+from labkit.server.base_image import BASE_IMAGE
 from labkit.server.docker import require_client, require_daemon
 from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE, project_root
 
@@ -289,8 +290,18 @@ def require_image(image: str) -> ImageInfo:
         pull = (
             "" if image == DEFAULT_IMAGE else f"`docker pull {image}` if it is a remote image, or "
         )
+        on_cpu = build_command(base=BASE_IMAGE)[3]
+        stand_in = (
+            ""
+            if image == on_cpu
+            else f"; on a host without NGC's registry or a GPU, use the lab's image on the CPU "
+            f"stand-in instead (image={on_cpu!r}, or LABKIT_TRITON_IMAGE)"
+        ) + (
+            f"; `labkit image base` then `labkit image build --base {BASE_IMAGE}` build "
+            f"{on_cpu} (about 3 minutes, as root)"
+        )
         raise MissingDependencyError(
-            f"the docker mode's image {image!r} is not on this host; {pull}{fix}"
+            f"the docker mode's image {image!r} is not on this host; {pull}{fix}{stand_in}"
         )
     if not info.transformers or not info.torch:
         missing = " and ".join(n for n in ("transformers", "torch") if not getattr(info, n))
