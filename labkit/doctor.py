@@ -37,6 +37,8 @@ from labkit.headless import check_kernel as kernel_python
 from labkit.profiling import locate_perf_analyzer
 from labkit.repository import environment_folder
 from labkit.server import ServerBinary, TritonServer, locate_tritonserver, require_image
+from labkit.server.base_image import BASE_IMAGE
+from labkit.server.image import build_command, inspect_image
 from labkit.settings import hub_endpoint, hub_offline, token_variable, triton_image
 
 log = logging.getLogger(__name__)
@@ -386,7 +388,17 @@ def check_triton_image() -> Check:
     try:
         info = require_image(image)
     except LabkitError as exc:
-        return Check("docker image", "warn", str(exc).split(";")[0], "labkit image build")
+        on_cpu = build_command(base=BASE_IMAGE)[3]
+        if image != on_cpu and inspect_image(on_cpu) is not None:
+            return Check(
+                "docker image",
+                "warn",
+                f"{str(exc).split(';')[0]}; the lab's image on the CPU stand-in, {on_cpu}, is",
+                f"export LABKIT_TRITON_IMAGE={on_cpu} for the docker mode here, or "
+                "labkit image build on a GPU host",
+            )
+        fix = f"labkit image build; without NGC's registry: labkit image base, then labkit image build --base {BASE_IMAGE}"
+        return Check("docker image", "warn", str(exc).split(";")[0], fix)
     cuda = f"CUDA {info.torch_cuda}" if info.torch_cuda else "a CPU-only build"
     return passed(
         "docker image",
@@ -729,6 +741,14 @@ SYSTEM_TOOLS = {
         "stopping what notebook 04's Model Analyzer search started, should the search die",
         "sudo apt-get install -y util-linux",
     ),
+    "debootstrap": SystemTool(
+        "debootstrap",
+        ("--version",),
+        "building the CPU stand-in for NGC's image (labkit image base), which the docker mode "
+        "and the pod rehearsal run here",
+        "sudo apt-get install -y debootstrap (make install does it as root)",
+        ("/usr/sbin/debootstrap",),
+    ),
 }
 
 
@@ -762,6 +782,10 @@ def check_setpriv() -> Check:
     return check_tool(SYSTEM_TOOLS["setpriv"])
 
 
+def check_debootstrap() -> Check:
+    return check_tool(SYSTEM_TOOLS["debootstrap"])
+
+
 # -- all together -------------------------------------------------------------------------------
 CHECKS: list[Callable[[], Check]] = [
     check_python,
@@ -774,6 +798,7 @@ CHECKS: list[Callable[[], Check]] = [
     check_model_analyzer,
     check_haproxy,
     check_setpriv,
+    check_debootstrap,
     check_kernel,
     check_ports,
     check_public_servers,

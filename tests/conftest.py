@@ -571,8 +571,18 @@ _REAL_POPEN_INIT, _REAL_SYSTEM, _REAL_FORK = subprocess.Popen.__init__, os.syste
 
 
 def pytest_configure(config):
+    _warm_font_cache()
     config.pluginmanager.register(FastTierGuard(), "fast-tier-guard")
     crashwatch.configure(config)
+
+
+def _warm_font_cache() -> None:
+    """matplotlib lists the system's fonts with ``fc-list`` the first time it is imported on a
+    machine, then keeps the list in its cache. A table styled by pandas imports it, so on a
+    fresh machine where Chromium brought fontconfig, the first fast-tier test to style one
+    started a process and failed the guard. The list is made here, before any test runs."""
+    with contextlib.suppress(ImportError):
+        import matplotlib.font_manager  # noqa: F401
 
 
 def pytest_terminal_summary(terminalreporter, config):
