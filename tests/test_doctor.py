@@ -359,7 +359,10 @@ def test_a_docker_image_that_is_not_built_is_a_warning_naming_the_build_with_a_f
     monkeypatch.delenv("LABKIT_TRITON_IMAGE", raising=False)
     check = doctor.check_triton_image()
     assert check.status == "warn" and "triton_transformer_server:26.06" in check.detail
-    assert check.fix == "labkit image build"
+    assert check.fix.startswith("labkit image build;")  # NGC's build, then the stand-in's two
+    assert (
+        "labkit image base, then labkit image build --base triton_labkit_base:2.51-cpu" in check.fix
+    )
 
 
 def _which_without(name: str):
