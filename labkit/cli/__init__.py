@@ -11,7 +11,18 @@ import argparse
 import logging
 import sys
 
-from labkit.cli import bench, deploy, doctor, gpu, image, models, neuron, run, serve
+from labkit.cli import (
+    bench,
+    deploy,
+    doctor,
+    gpu,
+    image,
+    models,
+    neuron,
+    rehearse,
+    run,
+    serve,
+)
 from labkit.errors import LabkitError
 
 #: ``labkit --help`` lists the subcommands in this order.
@@ -23,6 +34,7 @@ REGISTRARS = [
     bench.register,
     neuron.register,
     deploy.register,
+    rehearse.register,
     doctor.register,
     image.register,
     gpu.register,
