@@ -513,8 +513,8 @@ def write_gpu_configs(
     add_cached_twin(out)
     add_cached_twin(out, PIPELINE, PIPELINE_CACHED)
     names = [*GPU_KINDS, CACHED, PIPELINE_CACHED]
-    server = TritonServer(
-        out.path, mode="docker", image=image, cache_size=cache_size, load_models=names
+    server = TritonServer(  # for a GPU host: --gpus all whatever this host has
+        out.path, mode="docker", image=image, cache_size=cache_size, load_models=names, gpus=True
     )
     return GpuPipeline(out.path, diffs, server.docker_command())
 

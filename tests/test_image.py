@@ -1,7 +1,9 @@
 """The docker mode's image (docker/Dockerfile, ``labkit image``) and the docker mode around it.
 
-No Docker engine runs on these machines: the docker mode's own behaviour is tested against a
-fake ``docker`` (each test says so in its name); the Dockerfile itself is linted with hadolint.
+The docker mode's command and its own behaviour are tested here against a fake ``docker`` (each
+such test says so in its name), which runs this machine's tritonserver with the container's
+arguments; tests/test_docker_mode.py runs the same mode against the real engine and the lab's
+image on the CPU stand-in. The Dockerfile itself is linted with hadolint.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from labkit import lab
 from labkit.cli import main
 from labkit.errors import ConfigError, MissingDependencyError
 from labkit.repository import read_config
-from labkit.server import TritonServer, locate_tritonserver
-from labkit.server.image import DOCKER_DIR, build_command
+from labkit.server import TritonServer, locate_tritonserver, process
+from labkit.server.image import DOCKER_DIR, build_command, ngc_image
 from labkit.settings import DEFAULT_IMAGE, TRITON_RELEASE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +63,9 @@ def test_hadolint_catches_what_it_should_in_a_copy_with_an_unpinned_pip_install(
 def test_the_dockerfile_is_the_tutorials_image_at_the_lab_release_with_a_day_zero_argument():
     text = DOCKERFILE.read_text()
     assert f"ARG TRITON_RELEASE={TRITON_RELEASE}\n" in text
-    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3\n" in text
+    assert "ARG BASE_IMAGE=nvcr.io/nvidia/tritonserver:${TRITON_RELEASE}-py3\n" in text
+    assert "FROM ${BASE_IMAGE}\n" in text
+    assert not re.search(r"^# syntax=", text, re.M)  # BuildKit would pull it from Docker Hub
     assert re.search(r'^ARG TRANSFORMERS_REF=""$', text, re.M)
     assert "transformers @ https://github.com/huggingface/transformers/archive/" in text
     assert f"triton_transformer_server:{TRITON_RELEASE}" == DEFAULT_IMAGE
@@ -73,7 +77,9 @@ def test_image_build_dry_run_prints_the_docker_build_of_the_shipped_dockerfile(
     monkeypatch.chdir(ROOT)
     assert main(["image", "build", "--dry-run"]) == 0
     shown = capsys.readouterr().out.strip()
-    assert shown == "docker build -t triton_transformer_server:26.06 -f docker/Dockerfile docker"
+    assert shown == (
+        "docker build -t triton_transformer_server:26.06 --force-rm -f docker/Dockerfile docker"
+    )
     assert DOCKERFILE.parent == DOCKER_DIR
 
     monkeypatch.chdir(tmp_path)  # from elsewhere the paths are absolute
@@ -117,7 +123,9 @@ argv = sys.argv[1:]
 with open(os.path.join(state, "calls.jsonl"), "a") as log:
     log.write(json.dumps(argv) + "\\n")
 behaviour = json.load(open(os.path.join(state, "behaviour.json")))
-if argv[:2] == ["image", "inspect"]:
+if argv[:1] == ["version"]:  # the engine answers
+    print("20.10.24-fake")
+elif argv[:2] == ["image", "inspect"]:
     if not behaviour["image"]:
         sys.exit("Error response from daemon: No such image: " + argv[-1])
     print("sha256:" + "0" * 64)
@@ -133,11 +141,15 @@ elif argv[:1] == ["run"] and "--entrypoint" in argv:
 elif argv[:1] == ["run"]:
     server = json.load(open(os.path.join(state, "server.json")))
     mounts = dict(a.split(":")[1::-1] for a in (argv[i + 1] for i, x in enumerate(argv) if x == "-v"))
+    published = [argv[i + 1] for i, x in enumerate(argv) if x == "-p"]  # host:port:port
+    host = published[0].split(":")[0] if published else "127.0.0.1"
     rest = argv[argv.index("tritonserver") + 1:]
     args = []
-    for arg in rest:
+    for arg in rest:  # the container's paths and its own address, as this host has them
         key, _, value = arg.partition("=")
-        args.append(f"{{key}}={{mounts.get(value, value)}}" if value in mounts else arg)
+        if key.endswith("-address"):
+            value = host
+        args.append(f"{{key}}={{mounts.get(value, value)}}" if "=" in arg else arg)
     name = argv[argv.index("--name") + 1]
     open(os.path.join(state, name + ".pid"), "w").write(str(os.getpid()))
     env = {{**os.environ, **server["env"]}}
@@ -280,16 +292,97 @@ def test_the_gpu_host_parameters_give_the_tutorials_model_command_and_config(tmp
     assert [pb.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group] == ["KIND_GPU"]
     assert (repo / "falcon7b" / "1" / "model.py").is_file()
 
-    server = TritonServer(repo, load_models=["falcon7b"])  # the mode comes from the setting
+    # the mode comes from the setting; a GPU host with NVIDIA's runtime gets --gpus (gpus=None)
+    server = TritonServer(repo, load_models=["falcon7b"], gpus=True)
     assert server.mode == "docker"
     cmd = server.docker_command()
     line = " ".join(cmd)
     assert cmd[:5] == ["docker", "run", "--gpus", "all", "--rm"]
+    assert "--ulimit memlock=-1 --ulimit stack=67108864" in line
     assert f"-v {repo}:/opt/tritonserver/model_repository" in line
     assert f"-v {tmp_path / 'hf'}:/root/.cache/huggingface" in line
     assert "-e HF_TOKEN" in line and "doNotShowThis" not in line
     after = cmd[cmd.index(DEFAULT_IMAGE) + 1 :]
     assert after[0] == "tritonserver" and "--load-model=falcon7b" in after
+
+
+def test_docker_mode_passes_gpus_only_where_the_host_and_its_engine_have_them(
+    monkeypatch, tmp_path
+):
+    """Without a GPU, ``docker run --gpus all`` fails: auto leaves it out (and memlock, which
+    only CUDA's pinned memory needs); with a GPU it is there once the engine has NVIDIA's
+    runtime."""
+    monkeypatch.setattr(
+        process, "_docker", lambda *a, **k: subprocess.CompletedProcess(a, 0, '{"runc":{}}', "")
+    )
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    for gpu, expected in ((False, False), (True, False)):
+        monkeypatch.setattr(process, "has_gpu", lambda gpu=gpu: gpu)
+        process.engine_gives_gpus.cache_clear()
+        cmd = TritonServer(tmp_path, mode="docker").docker_command("c1")
+        assert ("--gpus" in cmd) is expected and ("memlock=-1" in cmd) is expected
+    monkeypatch.setattr(
+        process, "_docker", lambda *a, **k: subprocess.CompletedProcess(a, 0, '{"nvidia":{}}', "")
+    )
+    process.engine_gives_gpus.cache_clear()
+    assert TritonServer(tmp_path, mode="docker").docker_command("c1")[2:4] == ["--gpus", "all"]
+    assert "--gpus" not in TritonServer(tmp_path, mode="docker", gpus=False).docker_command("c1")
+    process.engine_gives_gpus.cache_clear()
+
+
+def test_docker_mode_publishes_each_port_on_loopback_and_binds_the_containers_interfaces(tmp_path):
+    server = TritonServer(
+        tmp_path, mode="docker", http_port=18000, grpc_port=18001, metrics_port=18002, gpus=False
+    )
+    cmd = server.docker_command("c1")
+    line = " ".join(cmd)
+    assert "--net" not in line and "--network" not in line
+    for port in (18000, 18001, 18002):
+        assert f"-p 127.0.0.1:{port}:{port}" in line
+    after = cmd[cmd.index(server.image) + 1 :]
+    assert {"--http-address=0.0.0.0", "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0"} <= set(
+        after
+    )
+    exposed = TritonServer(tmp_path, mode="docker", host="0.0.0.0", http_port=18000, gpus=False)
+    assert "-p 0.0.0.0:18000:18000" in " ".join(exposed.docker_command("c1"))
+
+
+def test_a_model_that_needs_a_lab_environment_is_refused_unless_the_image_has_its_package(
+    tmp_path, monkeypatch
+):
+    """smollm2_vllm's stub runs in the checkout's .venv-vllm: with an image without vLLM it is
+    refused, naming Triton's vLLM image; with an image that has it, it is served from a copy of
+    its config without EXECUTION_ENV_PATH (the probe of the image is faked here;
+    tests/test_docker_mode.py asks the real image)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(
+        ROOT / "model_repository" / "smollm2_vllm",
+        repo / "smollm2_vllm",
+        ignore=shutil.ignore_patterns("weights"),
+    )
+    config = read_config(repo / "smollm2_vllm" / "config.pbtxt")
+    config.parameters["EXECUTION_ENV_PATH"].string_value = str(tmp_path / ".venv-vllm")
+    (repo / "smollm2_vllm" / "config.pbtxt").write_text(process.config_to_text(config))
+    answers = {}
+    monkeypatch.setattr(process, "image_imports", lambda image, package: answers[image])
+    answers["lab:1"] = False
+    server = TritonServer(repo, mode="docker", image="lab:1", load_models=["smollm2_vllm"])
+    refused = server.image_refuses()
+    assert list(refused) == ["smollm2_vllm"]
+    assert "lab:1 has no vllm" in refused["smollm2_vllm"]
+    assert ngc_image(flavour="vllm") in refused["smollm2_vllm"]
+    with pytest.raises(MissingDependencyError, match="Triton's vLLM image"):
+        server.load_model("smollm2_vllm")  # refused before Triton is asked
+    assert server.image_refuses(["*"]) == refused and server.image_refuses([]) == {}
+    answers["vllm:1"] = True
+    server = TritonServer(repo, mode="docker", image="vllm:1", load_models=["smollm2_vllm"])
+    assert server.image_refuses() == {}
+    cmd = " ".join(server.docker_command("c1"))
+    assert str(tmp_path / ".venv-vllm") not in cmd
+    assert (
+        "c1-configs/smollm2_vllm/config.pbtxt:/opt/tritonserver/model_repository/smollm2_vllm/config.pbtxt:ro"
+        in cmd
+    )
 
 
 def test_the_docker_mode_default_image_is_the_built_one_unless_a_setting_names_another(

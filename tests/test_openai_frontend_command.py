@@ -59,6 +59,7 @@ def repo(tmp_path, monkeypatch):
 
 def openai_server(repository, **kwargs) -> TritonServer:
     kwargs.setdefault("load_models", ["smollm2_vllm"])
+    kwargs.setdefault("gpus", True)  # NGC's vLLM image on a GPU host
     return TritonServer(repository, mode="docker", openai_port=9000, **kwargs)
 
 
@@ -71,7 +72,12 @@ def test_the_docker_command_runs_the_openai_frontend_for_smollm2_vllm(repo, tmp_
         "--gpus",
         "all",
         "--rm",
-        "--net=host",
+        "-p",  # published on loopback, under the same numbers inside
+        "127.0.0.1:8000:8000",
+        "-p",
+        "127.0.0.1:8001:8001",
+        "-p",
+        "127.0.0.1:9000:9000",
         "--shm-size=1G",
         "--ulimit",
         "memlock=-1",
@@ -98,7 +104,7 @@ def test_the_docker_command_runs_the_openai_frontend_for_smollm2_vllm(repo, tmp_
         "--load-model=smollm2_vllm",
         f"--tokenizer={REPO_IN_CONTAINER}/smollm2_vllm/weights",  # huggingface_model: "weights"
         "--backend=vllm",  # the config says backend "python": else TRT-LLM's tensors are sent
-        "--host=127.0.0.1",
+        "--host=0.0.0.0",  # the container's own interfaces: the host side is the -p above
         "--openai-port=9000",
         "--enable-kserve-frontends",
         "--kserve-http-port=8000",
@@ -337,6 +343,7 @@ def fake_docker(tmp_path, monkeypatch):
     record = tmp_path / "run.json"
     monkeypatch.setenv("FAKE_DOCKER_RUN", str(record))
     monkeypatch.setattr("labkit.server.process.require_image", lambda image: None)  # no engine
+    monkeypatch.setattr("labkit.server.process.image_imports", lambda image, package: True)
     return record
 
 
@@ -347,6 +354,7 @@ def start_refused(server: TritonServer, record: Path) -> dict:
     return json.loads(record.read_text())
 
 
+@pytest.mark.integration  # starts the fake docker, and the guard that would remove its container
 @pytest.mark.parametrize("openai_port", [9000, None], ids=["openai", "tritonserver"])
 def test_docker_mode_serves_smollm2_vllm_without_the_hosts_venv_with_a_fake_docker(
     repo, fake_docker, tmp_path, openai_port
@@ -403,6 +411,7 @@ def test_a_reload_in_docker_mode_sees_the_edited_config_without_the_hosts_venv_w
 ):
     """The container reads the copy through a bind mount of the file itself: a reload must find
     the repository's edit there, in the same file."""
+    monkeypatch.setattr("labkit.server.process.image_imports", lambda image, package: True)
     server = TritonServer(repo, mode="docker", load_models=["smollm2_vllm"], image="x/y:1")
     copy = server.container_configs()["smollm2_vllm"]
     try:
@@ -431,8 +440,9 @@ def test_a_repository_without_lab_environments_mounts_no_config_copies(tmp_path,
     assert not [a for a in cmd if a.endswith("config.pbtxt:ro")]
 
 
-def test_the_labs_image_without_vllm_is_named_when_smollm2_vllm_is_served_in_it(repo, caplog):
-    caplog.set_level("WARNING", logger="labkit.server.process")
+def test_the_labs_image_without_vllm_refuses_smollm2_vllm_naming_the_vllm_image(repo, monkeypatch):
+    monkeypatch.setattr("labkit.server.process.image_imports", lambda image, package: False)
     server = TritonServer(repo, mode="docker", load_models=["smollm2_vllm"])
     assert server.image == DEFAULT_IMAGE
-    assert "has no vLLM; pass image=" in caplog.text and VLLM_IMAGE in caplog.text
+    (why,) = server.image_refuses().values()
+    assert f"{DEFAULT_IMAGE} has no vllm" in why and VLLM_IMAGE in why

@@ -91,7 +91,7 @@ def test_bundled_server_gets_stub_and_libpython(monkeypatch):
 def test_docker_command_is_the_tutorials_and_holds_no_secret(echo_repo, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_supersecretvalue123")
     monkeypatch.setenv("PRIVATE_REPO_TOKEN", "hf_othersecret456")
-    server = TritonServer(echo_repo, mode="docker", image="example/triton:1")
+    server = TritonServer(echo_repo, mode="docker", image="example/triton:1", gpus=True)
     cmd = server.docker_command("c1")
     line = " ".join(cmd)
     assert "supersecret" not in line and "othersecret" not in line
@@ -99,7 +99,7 @@ def test_docker_command_is_the_tutorials_and_holds_no_secret(echo_repo, monkeypa
     assert cmd[cmd.index("PRIVATE_REPO_TOKEN") - 1] == "-e"
     for flag in [
         "--gpus all",
-        "--net=host",
+        "-p 127.0.0.1:8000:8000",
         "--shm-size=1G",
         "--ulimit memlock=-1",
         "--ulimit stack=67108864",
@@ -110,7 +110,7 @@ def test_docker_command_is_the_tutorials_and_holds_no_secret(echo_repo, monkeypa
     assert after_image[0] == "tritonserver"
     assert "--model-repository=/opt/tritonserver/model_repository" in after_image
     assert "--model-control-mode=explicit" in after_image
-    assert "--http-address=127.0.0.1" in after_image
+    assert "--http-address=0.0.0.0" in after_image  # the container's side of -p 127.0.0.1
     assert "supersecret" not in repr(server)
 
 

@@ -1,5 +1,11 @@
 """``labkit serve``: run a Triton server in the foreground until SIGINT or SIGTERM.
 
+``--mode docker`` runs it in a container of ``--image`` (default: ``LABKIT_TRITON_IMAGE``, else
+the lab's built image); without ``--load-model`` it loads every model the image can run and says
+which it leaves out (a model whose stub needs one of this checkout's environments, such as
+``smollm2_vllm`` in an image without vLLM). Ctrl+C or SIGTERM while the server starts stops it,
+and its container, as it does once it is ready.
+
 ``--openai`` (docker mode) runs Triton's OpenAI-compatible frontend from the NGC image instead of
 ``tritonserver``; without ``--load-model`` it loads the models that take the frontend's tensors.
 """
@@ -37,6 +43,17 @@ def register(sub) -> None:
     p.add_argument("--metrics-port", type=_port, default=8002)
     p.add_argument("--load-model", action="append", help="model to load (default: all)")
     p.add_argument("--tritonserver", help="path of a tritonserver executable")
+    p.add_argument(
+        "--image",
+        help="docker mode: the server's image (default: LABKIT_TRITON_IMAGE, else the lab's "
+        "image that `labkit image build` builds)",
+    )
+    p.add_argument(
+        "--gpus",
+        choices=["auto", "all", "none"],
+        default="auto",
+        help="docker mode: pass --gpus all (auto: where a GPU and Docker's NVIDIA runtime exist)",
+    )
     p.add_argument("--log-file", help="write the server's log here")
     p.add_argument(
         "--cache-size",
@@ -57,6 +74,10 @@ def register(sub) -> None:
         help=f"the OpenAI API's port with --openai (default {DEFAULT_OPENAI_PORT}, the frontend's)",
     )
     p.set_defaults(handler=serve)
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 def _openai_port(args) -> int | None:
@@ -83,12 +104,30 @@ def serve(args) -> int:
         log_path=args.log_file,
         cache_size=args.cache_size,
         openai_port=_openai_port(args),
+        image=args.image,
+        gpus={"auto": None, "all": True, "none": False}[args.gpus],
     )
+    if not args.load_model:  # every model the image can run; a named one is refused with why
+        for model, why in server.image_refuses().items():
+            print(f"not loading {why}", flush=True)
+            server.load_models.remove(model)
     prepare_repository(args.model_repository)  # after the checks above: a refusal builds nothing
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _serve(server)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def _serve(server: TritonServer) -> int:
+    """Run ``server`` until SIGINT or SIGTERM. Either one while it starts interrupts the start
+    (KeyboardInterrupt), which stops what it began: its container, in docker mode."""
+    signal.signal(signal.SIGTERM, _interrupt)
     with server:
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         if server.openai_url:
             print(
                 f"Triton's OpenAI frontend is ready. OpenAI: {server.openai_url}  "

@@ -6,10 +6,16 @@ Three modes share one interface:
   ``tritonserver`` on ``PATH``, ``/opt/tritonserver/bin/tritonserver``, or the binary inside the
   ``nvidia-pytriton`` wheel, which needs its Python-backend stub and libraries arranged first);
 - ``docker``: the tutorial's ``docker run`` of the lab's image (``labkit image build``, checked
-  before each start by :func:`~labkit.server.image.require_image`), tokens passed by name only;
-  with ``openai_port`` the container runs Triton's OpenAI frontend instead of ``tritonserver``
-  (:mod:`labkit.server.frontend`); a model that runs in one of the lab's own Python
-  environments (``labkit_environment``, such as ``smollm2_vllm`` in ``.venv-vllm``) is served
+  before each start by :func:`~labkit.server.image.require_image`), tokens passed by name only.
+  Its ports are published on the host's ``host`` (127.0.0.1 by default) under the same numbers,
+  while the server binds every interface of the container's own network; ``--gpus all`` is
+  passed where a GPU and Docker's NVIDIA runtime exist (``gpus=``). The container is removed
+  by :meth:`TritonServer.stop`, when the start fails or is interrupted, and when the process
+  that started it dies, however it dies (a guard of its own session removes it then). With
+  ``openai_port`` the container runs Triton's OpenAI frontend instead of ``tritonserver``
+  (:mod:`labkit.server.frontend`). A model that runs in one of the lab's own Python
+  environments (``labkit_environment``, such as ``smollm2_vllm`` in ``.venv-vllm``) is refused
+  unless the image has that environment's package (vLLM: Triton's vLLM image); then it is served
   from a copy of its config without ``EXECUTION_ENV_PATH`` (:meth:`TritonServer.container_configs`);
 - ``remote``: attach to a server that runs elsewhere; start and stop never touch it.
 """
@@ -17,6 +23,7 @@ Three modes share one interface:
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import re
@@ -39,6 +46,7 @@ from labkit.errors import (
     ServerTimeoutError,
     StalledStartError,
 )
+from labkit.hardware import has_gpu
 from labkit.proc import (
     Addresses,
     Child,
@@ -53,9 +61,9 @@ from labkit.proc import (
 )
 from labkit.repository import CONFIG_FILE, Repository, config_to_text
 from labkit.repository.config import check_name
-from labkit.repository.folder import ENVIRONMENT_PARAMETER, EXECUTION_ENV_PATH
+from labkit.repository.folder import ENVIRONMENT_PARAMETER, ENVIRONMENTS, EXECUTION_ENV_PATH
 from labkit.server.frontend import OpenAIFrontend, check_port, plan_frontend
-from labkit.server.image import ngc_image, require_image
+from labkit.server.image import loopback_ports, ngc_image, require_image
 from labkit.server.locate import ServerBinary, locate_tritonserver
 from labkit.server.stall import STALL_S, StallWatch, models_still_loading
 from labkit.settings import (
@@ -74,6 +82,9 @@ log = logging.getLogger(__name__)
 
 CONTAINER_REPOSITORY = "/opt/tritonserver/model_repository"
 CONTAINER_CACHES = "/opt/tritonserver/caches"  # the NGC image's response-cache libraries
+#: The server's address inside its container: the container's own interfaces, reached only
+#: through the ports published on the host's address (``-p 127.0.0.1:P:P``).
+CONTAINER_ADDRESS = "0.0.0.0"
 MODES = ("local", "docker", "remote")
 #: Starts tried with newly picked free ports when another process took one before Triton bound it.
 PORT_ATTEMPTS = 3
@@ -108,10 +119,16 @@ class TritonServer(Child, Addresses):
     unless ``image=`` or ``LABKIT_TRITON_IMAGE`` names another, and ``extra_args`` go to the
     frontend's ``main.py``.
 
+    ``gpus`` (docker mode): ``--gpus all`` or not; None (the default) passes it where the NVIDIA
+    driver lists a GPU and the Docker engine has NVIDIA's runtime (:func:`engine_gives_gpus`):
+    without them, ``docker run --gpus all`` fails.
+
     In docker mode (with or without the frontend) a model whose config names a
     ``labkit_environment`` runs on the image's own Python: its ``EXECUTION_ENV_PATH`` names a
     virtualenv of this checkout (``.venv-vllm``, vLLM's CPU build), which the container neither
-    mounts nor could run. The container reads a copy of that model's config without the
+    mounts nor could run. Such a model is refused before any container starts unless the image
+    imports the environment's package (``vllm``: Triton's vLLM image has it, the lab's image
+    does not). Where it does, the container reads a copy of that model's config without the
     parameter, mounted over the repository's own (:meth:`container_configs`); the repository
     itself is never changed, and every other file of it stays the live folder.
     """
@@ -138,6 +155,7 @@ class TritonServer(Child, Addresses):
         cache_size: int | None = None,
         openai_port: int | None = None,
         stall_s: float | None = STALL_S,
+        gpus: bool | None = None,
     ) -> None:
         self.mode = server_mode(mode, "remote" if url else "local")
         if self.mode not in MODES:
@@ -163,6 +181,9 @@ class TritonServer(Child, Addresses):
         self._process: subprocess.Popen | None = None
         self._shm_regions: set[str] = set()  # the stubs' shared memory, removed by stop()
         self._container: str | None = None  # the container running now, for docker stop
+        self._guard: subprocess.Popen | None = None  # removes it if this process dies first
+        self._started = False  # ready once: stop() lets it unload before the container goes
+        self._gpus = gpus  # None: decided by the host and its engine, when first needed
         self.container_name = _new_container_name()  # the next docker start's --name
         self._log_file = None
         self._pump: threading.Thread | None = None
@@ -172,8 +193,6 @@ class TritonServer(Child, Addresses):
         if openai_port is not None:
             self._plan_frontend(check_port(openai_port))
         self.ports = dict(self._requested_ports)
-        if self.mode == "docker" and self.image == DEFAULT_IMAGE:
-            self._warn_lab_image_lacks_environments()
         if self.mode == "remote":
             if not url:
                 raise ServerError("remote mode needs url=, for example url='http://host:8000'")
@@ -203,18 +222,43 @@ class TritonServer(Child, Addresses):
             "openai": openai_port,
         }
 
-    def _warn_lab_image_lacks_environments(self) -> None:
-        """The lab's image (``docker/Dockerfile``) has no vLLM: a model named to load that runs
-        in a lab environment would fail to load there; say which image has it."""
-        named = [m for m in self.container_configs("any") if m in self.load_models]
-        if named:
-            log.warning(
-                "%s runs on the image's own Python in docker mode, and the lab's image %s has "
-                "no vLLM; pass image=%r (or set LABKIT_TRITON_IMAGE)",
-                ", ".join(named),
-                self.image,
-                ngc_image(flavour="vllm"),
-            )
+    @property
+    def gpus(self) -> bool:
+        """Whether the docker command passes ``--gpus all`` (see the class's ``gpus``)."""
+        if self._gpus is None:
+            self._gpus = engine_gives_gpus()
+        return self._gpus
+
+    def image_refuses(self, models: list[str] | None = None) -> dict[str, str]:
+        """Model -> why the image cannot run it, for each of ``models`` (default: those to
+        load; ``*`` is every model) whose stub needs a lab environment the image lacks: the
+        environment's package (``vllm``) does not import in it (:func:`image_imports`)."""
+        if self.mode != "docker" or not self.model_repository.is_dir():
+            return {}
+        repo = Repository(self.model_repository)
+        present = repo.models()
+        wanted = self.load_models if models is None else models
+        refused = {}
+        for model in present if "*" in wanted else wanted:
+            if model not in present or not _runs_in_lab_environment(repo, model):
+                continue
+            package = repo.config(model).parameters[ENVIRONMENT_PARAMETER].string_value
+            if not image_imports(self.image, package):
+                refused[model] = (
+                    f"{model} runs its stub in this checkout's {ENVIRONMENTS.get(package, package)}"
+                    f" ({package}), which a container can neither mount nor run, and the image "
+                    f"{self.image} has no {package} to run it on the image's own Python; serve it "
+                    f"with Triton's vLLM image (image={ngc_image(flavour='vllm')!r}, or "
+                    "LABKIT_TRITON_IMAGE), or leave it out of the models to load"
+                )
+        return refused
+
+    def _check_image(self) -> None:
+        """Before a container starts: the image is here and holds what the models need."""
+        require_image(self.image)  # missing, or without transformers: say how to build it
+        refused = self.image_refuses()
+        if refused:
+            raise MissingDependencyError("; ".join(refused.values()))
 
     # -- addresses (http_url and grpc_url come from Addresses) -----------------------------
     @property
@@ -234,15 +278,17 @@ class TritonServer(Child, Addresses):
         return f"TritonServer(mode={self.mode!r}, http={self.http_url!r}, running={self.running})"
 
     # -- commands --------------------------------------------------------------------------
-    def server_args(self, repository: str | os.PathLike) -> list[str]:
-        """The tritonserver arguments (without the executable) for this object's settings."""
+    def server_args(self, repository: str | os.PathLike, address: str | None = None) -> list[str]:
+        """The tritonserver arguments (without the executable) for this object's settings,
+        bound to ``address`` (default: :attr:`host`)."""
+        address = address or self.host
         args = [
             f"--model-repository={repository}",
             "--model-control-mode=explicit",
             *[f"--load-model={name}" for name in self.load_models],
-            f"--http-address={self.host}",
-            f"--grpc-address={self.host}",
-            f"--metrics-address={self.host}",
+            f"--http-address={address}",
+            f"--grpc-address={address}",
+            f"--metrics-address={address}",
             f"--http-port={self.ports['http']}",
             f"--grpc-port={self.ports['grpc']}",
             f"--metrics-port={self.ports['metrics']}",
@@ -275,19 +321,30 @@ class TritonServer(Child, Addresses):
         """The tutorial's ``docker run``; tokens go in as ``-e NAME`` so no value is on the line.
 
         Without ``name`` it is exactly the command :meth:`start` runs (or ran, once started):
-        same container name (:attr:`container_name`), ports, mounts and image.
+        same container name (:attr:`container_name`), ports, mounts and image. The ports are
+        published on :attr:`host` under the same numbers (the tutorial's ``--net=host`` would
+        put the server on the host's own network, every interface of it unless told otherwise);
+        inside, the server binds the container's interfaces (:data:`CONTAINER_ADDRESS`).
+        ``--gpus all`` and ``--ulimit memlock=-1`` come with :attr:`gpus` only.
         """
         name = name or self.container_name
+        # Pinned host memory is CUDA's: without a GPU the server pins none, and an engine whose
+        # own hard limit is lower refuses memlock=-1 (this machine's: 8 MiB, no right to raise it)
+        gpus = ["--gpus", "all"] if self.gpus else []
+        memlock = ["--ulimit", "memlock=-1"] if self.gpus else []
+        ports = [(port, port) for port in self.ports.values()]
+        if self.host == "127.0.0.1":
+            published = loopback_ports(*ports)
+        else:
+            published = [flag for port, _ in ports for flag in ("-p", f"{self.host}:{port}:{port}")]
         cmd = [
             "docker",
             "run",
-            "--gpus",
-            "all",
+            *gpus,
             "--rm",
-            "--net=host",
+            *published,
             "--shm-size=1G",
-            "--ulimit",
-            "memlock=-1",
+            *memlock,
             "--ulimit",
             "stack=67108864",
         ]
@@ -310,7 +367,11 @@ class TritonServer(Child, Addresses):
         if self.frontend is not None:
             cmd += [self.image, *self.frontend_args()]
             return cmd
-        cmd += [self.image, "tritonserver", *self.server_args(CONTAINER_REPOSITORY)]
+        cmd += [
+            self.image,
+            "tritonserver",
+            *self.server_args(CONTAINER_REPOSITORY, CONTAINER_ADDRESS),
+        ]
         cmd += self.cache_args(CONTAINER_CACHES)
         return cmd
 
@@ -350,7 +411,7 @@ class TritonServer(Child, Addresses):
         """The OpenAI frontend's command in the container (``python3 main.py ...``)."""
         args = self.frontend.command(
             CONTAINER_REPOSITORY,
-            host=self.host,
+            host=CONTAINER_ADDRESS,
             openai_port=self.ports["openai"],
             kserve_http_port=self.ports["http"],
             kserve_grpc_port=self.ports["grpc"],
@@ -408,7 +469,7 @@ class TritonServer(Child, Addresses):
             cmd = self.local_command()
             env = {**os.environ, **self.binary.env, **self.extra_env}
         else:
-            require_image(self.image)  # missing, or without transformers: say how to build it
+            self._check_image()
             self._container = self.container_name
             cmd = self.docker_command()
             env = {**os.environ, **self.extra_env}
@@ -421,6 +482,7 @@ class TritonServer(Child, Addresses):
         secrets = [env[n].encode() for n in TOKEN_VARIABLES if len(env.get(n) or "") >= 4]
         try:
             if self.mode == "docker":
+                self._guard = _guard_container(self._container)  # before the container exists
                 for model in self._write_container_configs():
                     log.info(
                         "%s runs on the image's own Python: the container reads its config "
@@ -437,9 +499,12 @@ class TritonServer(Child, Addresses):
             )
         except FileNotFoundError as exc:
             self._close_log()
-            if self._container:
-                shutil.rmtree(_configs_folder(self._container), ignore_errors=True)
+            self._remove_container()
             raise MissingDependencyError(f"cannot run {cmd[0]!r}: {exc}") from exc
+        except BaseException:  # interrupted while the launcher started it: spawn ended it
+            self._close_log()
+            self._remove_container()
+            raise
         if secrets:  # a token is set: the log goes through a filter that blanks it out
             self._pump = threading.Thread(
                 target=_copy_redacted,
@@ -452,8 +517,10 @@ class TritonServer(Child, Addresses):
         try:
             self.wait_ready()
         except BaseException:
+            self._started = False  # nothing to unload gracefully: its container goes at once
             self.stop()
             raise
+        self._started = True
         return self
 
     def _choose_ports(self) -> None:
@@ -568,17 +635,10 @@ class TritonServer(Child, Addresses):
         """Stop the server and everything it started. Safe to call twice, or never started."""
         process, self._process = self._process, None
         if process is None:
+            self._remove_container()  # a start interrupted before the client ran, if any
             return
         if self._container:
-            subprocess.run(
-                ["docker", "stop", "-t", "10", self._container],
-                capture_output=True,
-                timeout=self.stop_timeout_s + 10,
-                check=False,
-            )
-            shutil.rmtree(_configs_folder(self._container), ignore_errors=True)
-            self._container = None
-            self.container_name = _new_container_name()  # --rm may still be removing this one
+            self._remove_container(process)
         regions = sorted(self._shm_regions.union(_tree_shm(process.pid)))
         self._shm_regions = set()
         if process.poll() is None:
@@ -599,6 +659,31 @@ class TritonServer(Child, Addresses):
         self._drain_log()
         self._close_log()
         _LIVE.discard(self)
+
+    def _remove_container(self, client: subprocess.Popen | None = None) -> None:
+        """Stop and remove this object's container (if it has one now), and end its guard.
+
+        For a server that was ready, ``docker stop`` gives it its exit timeout (10 s) to unload;
+        the ``docker run`` ``client`` then ends once ``--rm`` has removed the container. ``docker
+        rm -f`` removes what is left in any case: the container of a failed or interrupted start
+        (a model still loading has nothing to unload), one whose client died, or one that
+        another start's failure left created."""
+        name, self._container = self._container, None
+        if name is None:
+            return
+        bound = self.stop_timeout_s + 10
+        if client is not None and client.poll() is None and self._started:
+            _docker("stop", "-t", "10", name, timeout_s=bound)
+            try:
+                client.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.warning("docker run of %s did not end after docker stop; removing it", name)
+        _docker("rm", "-f", name, timeout_s=bound)
+        shutil.rmtree(_configs_folder(name), ignore_errors=True)
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            _release_guard(guard)
+        self.container_name = _new_container_name()  # a restart gets a fresh name
 
     def _loaded_versions(self) -> set[tuple[str, str]] | None:
         """(name, version) of every model the server holds now, or None when it does not say.
@@ -655,6 +740,10 @@ class TritonServer(Child, Addresses):
 
     def load_model(self, name: str, config: str | None = None) -> None:
         """Load (or reload) ``name``; raises with Triton's reason when it fails."""
+        if self.mode == "docker":
+            refused = self.image_refuses([name])
+            if refused:
+                raise MissingDependencyError(refused[name])
         if self.mode == "docker" and self.running:  # the container reads copies of some configs
             self._write_container_configs()  # with the edits made since: a reload sees them
         try:
@@ -692,6 +781,91 @@ class TritonServer(Child, Addresses):
         """The repository index: each model's name, version, state and reason."""
         with self.client() as client:
             return client.get_model_repository_index()
+
+
+@functools.cache
+def engine_gives_gpus() -> bool:
+    """Whether ``docker run --gpus all`` can work here: the NVIDIA driver lists a GPU, and the
+    Docker engine has NVIDIA's runtime (``nvidia`` among ``docker info``'s runtimes, or the
+    NVIDIA Container Toolkit's hook on ``PATH``). Asked once per process."""
+    if not has_gpu():
+        return False
+    if shutil.which("nvidia-container-runtime-hook"):
+        return True
+    try:
+        runtimes = _docker("info", "--format", "{{json .Runtimes}}", timeout_s=30).stdout
+    except OSError:
+        return False
+    return "nvidia" in runtimes
+
+
+#: (image, package) -> whether the package imports in the image (a ``docker run`` each).
+_IMPORTS: dict[tuple[str, str], bool] = {}
+
+
+def image_imports(image: str, package: str) -> bool:
+    """Whether ``package`` is importable by the Python of ``image`` (asked once per process);
+    an image that is not here, or an engine that does not answer, raises as
+    :func:`~labkit.server.image.require_image` does."""
+    if (image, package) not in _IMPORTS:
+        check = f"import importlib.util as u; print(u.find_spec({package!r}) is not None)"
+        done = _docker(
+            "run", "--rm", "--pull", "never", "--entrypoint", "python3", image, "-c", check,
+            timeout_s=180,
+        )  # fmt: skip
+        answer = done.stdout.strip().splitlines()[-1:]
+        if done.returncode != 0 or answer not in (["True"], ["False"]):
+            require_image(image)  # not here, no engine, no Python: its own sentence
+            raise ServerError(
+                f"could not ask image {image} for {package}: {tail(done.stderr.strip(), 5)}"
+            )
+        _IMPORTS[(image, package)] = answer == ["True"]
+    return _IMPORTS[(image, package)]
+
+
+def _docker(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """``docker ARGS``, its output captured; a failure is the caller's to judge (no raise)."""
+    try:
+        return subprocess.run(
+            ["docker", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        log.warning("docker %s did not answer within %g s", args[0], timeout_s)
+        return subprocess.CompletedProcess(["docker", *args], 124, "", "")
+
+
+#: The guard's script: a line on its stdin (written by ``stop``) ends it quietly; end of file
+#: (every writer gone: the process that started the container died) removes the container,
+#: twice, in case the dying ``docker run`` had asked for it just before.
+_GUARD_SCRIPT = 'read line || { docker rm -f "$0"; sleep 5; docker rm -f "$0"; } >/dev/null 2>&1'
+
+
+def _guard_container(name: str) -> subprocess.Popen:
+    """A shell in a session of its own that removes container ``name`` once this process dies.
+
+    ``docker run`` gets SIGTERM when this process dies (:func:`labkit.proc.spawn`) and passes it
+    to the server, and ``--rm`` removes the stopped container. That chain breaks where the client
+    dies before it forwards signals (killed at the container's start) or is killed itself; the
+    guard holds only a pipe whose write end this process alone keeps, so the kernel's end of it
+    is the signal. Not started with :func:`~labkit.proc.spawn`: it must outlive this process."""
+    return subprocess.Popen(
+        ["sh", "-c", _GUARD_SCRIPT, name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _release_guard(guard: subprocess.Popen) -> None:
+    """End a guard whose container is already removed, without it removing anything."""
+    try:
+        guard.stdin.write(b"stopped\n")
+        guard.stdin.close()
+        guard.wait(timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        guard.kill()
+        guard.wait()
 
 
 def _new_container_name() -> str:
