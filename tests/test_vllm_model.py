@@ -763,7 +763,7 @@ class LabReader:
     def __init__(self, protocol) -> None:
         self.protocol = protocol
 
-    def read(self, request):
+    def prompts(self, request):
         raw = json.loads(request.parameters())
         unknown = set(raw) - {"max_tokens", "temperature", "stream", "return_full_text"}
         if unknown:
@@ -794,6 +794,11 @@ FIELDS = {
     "ignore_eos": bool,
     "detokenize": bool,
     "_eos_token_id": int | None,
+    "logprobs": int | None,
+    "stop_token_ids": list[int] | None,
+    "include_stop_str_in_output": bool,
+    "skip_special_tokens": bool,
+    "spaces_between_special_tokens": bool,
 }
 
 
@@ -849,6 +854,68 @@ def test_the_frontends_tensors_become_vllm_fields_over_the_lab_parameters(contra
     assert fields["detokenize"] is True and request.vllm_text
     assert request.prompts.stream and not request.prompts.full_text
     assert request.returns.finish_reason and not request.returns.num_output_tokens
+
+
+@pytest.mark.parametrize(
+    ("sampling", "vllm_text", "detokenize"),
+    [
+        ({}, False, False),  # the model decodes as smollm2 does: vLLM need not
+        ({"logprobs": 2}, False, True),  # each logprob's decoded_token is vLLM's
+        ({"logprobs": 0}, False, True),
+        ({"stop": ["."]}, True, True),  # the answer ends before a stop string: vLLM's text
+        ({"include_stop_str_in_output": True}, True, True),
+        ({"stop_token_ids": [30]}, True, True),  # its text leaves the stop token out
+        ({"ignore_eos": True}, True, True),  # its text goes on past an end-of-sequence token
+        ({"ignore_eos": False}, False, False),
+        ({"skip_special_tokens": False}, True, True),  # its text keeps special tokens
+        ({"skip_special_tokens": True}, False, False),
+        ({"skip_special_tokens": False, "spaces_between_special_tokens": False}, True, True),
+    ],
+)
+def test_vllm_detokenizes_where_its_text_or_its_tokens_words_are_part_of_the_answer(
+    contract_module, sampling, vllm_text, detokenize
+):
+    """Before, vLLM detokenized only for stop strings: every logprob's decoded_token was None,
+    and ignore_eos, skip_special_tokens and spaces_between_special_tokens changed nothing in the
+    text (the model cut it at the first end-of-sequence token, special tokens skipped)."""
+    import numpy as np
+
+    built: list[dict] = []
+    reader = contract_reader(contract_module, built)
+    tensor = np.array([json.dumps(sampling).encode()], dtype=object)
+    request = reader.read(FakeRequest(sampling_parameters=tensor))
+    assert (request.vllm_text, built[-1]["detokenize"]) == (vllm_text, detokenize)
+
+
+def test_the_context_check_reads_the_max_tokens_sampling_parameters_set(contract_module):
+    """The lab's reader checked the prompt against the context with the request parameter's
+    max_tokens, before sampling_parameters replaced it: a prompt of the context less 10 tokens
+    with the parameter max_tokens 50 was refused although sampling_parameters asked for 4."""
+    import numpy as np
+
+    protocol = sys.modules[contract_module.__name__.rsplit(".", 1)[0] + ".protocol"]
+    built: list[dict] = []
+    words = protocol.RequestReader(
+        lambda text: {"input_ids": list(range(len(text.split())))}, protocol.Settings(), True, 64
+    )
+    reader = contract_module.ContractReader(
+        words, FIELDS, lambda f: built.append(f) or SimpleNamespace(**f), 64, (VLLMClientError,)
+    )
+    prompt = np.array([" ".join(["word"] * 54).encode()], dtype=object)  # the context less 10
+
+    def read(parameters: dict, sampling: dict | None = None):
+        inputs = {"text_input": prompt}
+        if sampling is not None:
+            inputs["sampling_parameters"] = np.array([json.dumps(sampling).encode()], dtype=object)
+        return reader.read(FakeRequest(parameters, **inputs))
+
+    read({"max_tokens": 50}, {"max_tokens": 4})
+    assert built[-1]["max_tokens"] == 4
+    exceeds = "prompt 0 is 54 tokens; with max_tokens={} that exceeds the model's context of 64"
+    with pytest.raises(protocol.RequestError, match=exceeds.format(50)):
+        read({"max_tokens": 50})
+    with pytest.raises(protocol.RequestError, match=exceeds.format(11)):
+        read({"max_tokens": 4}, {"max_tokens": 11})
 
 
 @pytest.mark.parametrize(
@@ -1213,12 +1280,121 @@ def test_logprobs_and_the_cumulative_logprob_come_back_when_asked(server, expect
     answer = json.loads(text)
     steps = json.loads(answer["logprobs"])
     assert len(steps) == 4, steps  # one entry per generated token
-    chosen = []
+    chosen, words = [], []
     for step in steps:  # the greedy token (rank 1) and up to 2 others, each with its logprob
         assert all(float(v["logprob"]) <= 0 for v in step.values()), step
-        chosen.append(max(float(v["logprob"]) for v in step.values()))
+        # each token's text, as vLLM's server gives it; Triton's OpenAI frontend reads it (None
+        # made its completions with logprobs answer 500)
+        assert all(isinstance(v["decoded_token"], str) for v in step.values()), step
+        best = max(step.values(), key=lambda v: float(v["logprob"]))
+        chosen.append(float(best["logprob"]))
+        words.append(best["decoded_token"])
     assert answer["cumulative_logprob"] == pytest.approx(sum(chosen), abs=1e-3), answer
     assert expected["I am going"].startswith("I am going" + answer["text_output"])
+    assert "".join(words) == answer["text_output"], (words, answer)
+
+
+def server_tokenizer(server: TritonServer):
+    """The tokenizer of the checkpoint the server's smollm2_vllm loads."""
+    from transformers import AutoTokenizer
+
+    from labkit.profiling import model_weights
+
+    return AutoTokenizer.from_pretrained(model_weights(server.model_repository, "smollm2_vllm"))
+
+
+#: A prompt whose greedy answer starts with the end-of-sequence token (<|im_end|>) and goes on
+#: past it when the request says ignore_eos: "<|im_end|>\n<|im_start|>assistant\nThe sky..."
+ENDS_AT_ONCE = "Answer with one word: is the sky blue?"
+
+
+def generated(server: TritonServer, sampling: dict, endpoint: str = "generate") -> dict:
+    """The answer to ENDS_AT_ONCE with ``sampling``, its pieces joined, and the token ids vLLM
+    generated (from logprobs 0: the sampled token's alone)."""
+    body = {
+        "text_input": ENDS_AT_ONCE,
+        "sampling_parameters": json.dumps({**sampling, "logprobs": 0}),
+        "exclude_input_in_output": True,
+        "return_logprobs": True,
+        "return_num_output_tokens": True,
+        "return_finish_reason": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, endpoint)
+    assert status == 200, text
+    events = [json.loads(t[5:]) for t in text.splitlines() if t.startswith("data:")]
+    events = events or [json.loads(text)]
+    ids = [int(token) for e in events for step in json.loads(e["logprobs"]) for token in step]
+    return {
+        "text": "".join(e["text_output"] for e in events),
+        "tokens": sum(e["num_output_tokens"] for e in events),
+        "finish_reason": events[-1]["finish_reason"],
+        "ids": ids,
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_ignore_eos_answers_every_token_it_counts_as_vllms_server_does(server, endpoint):
+    """Before, the model cut the text at the first end-of-sequence token while
+    num_output_tokens counted every token vLLM generated past it."""
+    tokenizer = server_tokenizer(server)
+    ended = generated(server, {"max_tokens": 8}, endpoint)
+    assert ended["ids"] == [tokenizer.eos_token_id] and ended["text"] == "", ended
+    assert ended["finish_reason"] == "stop" and ended["tokens"] == 1, ended
+    going = generated(server, {"max_tokens": 8, "ignore_eos": True}, endpoint)
+    assert going["ids"][0] == tokenizer.eos_token_id and len(going["ids"]) == 8, going
+    assert (going["tokens"], going["finish_reason"]) == (8, "length"), going
+    # vLLM's own server: every token's text, special tokens skipped
+    assert going["text"] == tokenizer.decode(going["ids"], skip_special_tokens=True), going
+    assert "The sky" in going["text"], going
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.parametrize("spaces", [True, False])
+def test_skip_special_tokens_false_keeps_them_in_the_text_as_vllms_server_does(server, spaces):
+    """Before, skip_special_tokens and spaces_between_special_tokens were accepted and the text
+    was decoded with special tokens skipped all the same."""
+    tokenizer = server_tokenizer(server)
+    sampling = {
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": spaces,
+    }
+    kept = generated(server, sampling)
+    assert kept["text"].startswith("<|im_end|>\n<|im_start|>assistant"), kept
+    assert kept["text"] == tokenizer.decode(kept["ids"], skip_special_tokens=False), kept
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_prompt_near_the_context_is_answered_with_the_max_tokens_of_sampling_parameters(
+    server,
+):
+    """The lab's reader checked the context with the request parameter's max_tokens (50), before
+    sampling_parameters replaced it (4): a prompt of the context less 10 tokens was refused."""
+    tokenizer = server_tokenizer(server)
+    context = 8192  # SmolLM2's, which the served model keeps (no max_model_len)
+    prompt = "word" + " word" * (context - 11)
+    assert len(tokenizer(prompt)["input_ids"]) == context - 10
+    body = {
+        "text_input": prompt,
+        "max_tokens": 50,
+        "sampling_parameters": json.dumps({"max_tokens": 4}),
+        "return_num_output_tokens": True,
+    }
+    status, text = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 200, text
+    assert json.loads(text)["num_output_tokens"] == 4, text
+    # the max_tokens that counts is still checked: sampling_parameters', else the parameter's
+    body["sampling_parameters"] = json.dumps({"max_tokens": 11})
+    status, said = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 400 and f"prompt 0 is {context - 10} tokens; with max_tokens=11" in said
+    del body["sampling_parameters"]
+    status, said = post_generate(server, "smollm2_vllm", body, "generate")
+    assert status == 400 and f"prompt 0 is {context - 10} tokens; with max_tokens=50" in said
 
 
 # -- whose fault a failure is, by vLLM's own classes (in .venv-vllm, no server, no engine) -------

@@ -148,17 +148,18 @@ class RequestReader:
         self.context = context  # the most tokens a prompt plus its answer may have, if known
 
     def read(self, request) -> Prompts:
+        prompts = self.prompts(request)
+        check_context(prompts.ids, prompts.settings.max_tokens, self.context)
+        return prompts
+
+    def prompts(self, request) -> Prompts:
+        """The request read and checked, except against the context: a reader that takes
+        max_tokens from elsewhere too (``contract.py``'s sampling_parameters) checks the context
+        with the max_tokens it settles on (:func:`check_context`)."""
         array = self._input(request)
         prompts = [_check_prompt(i, item) for i, item in enumerate(array.reshape(-1))]
         settings, full_text, stream = self._parameters(request)
         ids = [self.tokenizer(p)["input_ids"] for p in prompts]
-        for i, seq in enumerate(ids):
-            if self.context and len(seq) + settings.max_tokens > self.context:
-                raise RequestError(
-                    f"prompt {i} is {len(seq)} tokens; with max_tokens={settings.max_tokens} that "
-                    f"exceeds the model's context of {self.context} tokens; shorten the prompt "
-                    "or lower max_tokens"
-                )
         return Prompts(
             shape=array.shape,
             texts=prompts,
@@ -198,6 +199,17 @@ class RequestReader:
             full_text = as_bool("return_full_text", raw["return_full_text"], from_config=False)
         stream = as_bool("stream", raw["stream"], from_config=False) if "stream" in raw else False
         return settings, full_text, stream
+
+
+def check_context(ids: list[list[int]], max_tokens: int, context: int | None) -> None:
+    """Raise :class:`RequestError` if a prompt of ``ids`` plus ``max_tokens`` exceeds ``context``
+    (None: unknown, nothing is checked)."""
+    for i, seq in enumerate(ids):
+        if context and len(seq) + max_tokens > context:
+            raise RequestError(
+                f"prompt {i} is {len(seq)} tokens; with max_tokens={max_tokens} that exceeds the "
+                f"model's context of {context} tokens; shorten the prompt or lower max_tokens"
+            )
 
 
 def _check_prompt(i: int, item: object) -> str:

@@ -54,7 +54,14 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .protocol import IGNORED_PARAMETERS, OUTPUT_NAME, Prompts, RequestError, Settings
+from .protocol import (
+    IGNORED_PARAMETERS,
+    OUTPUT_NAME,
+    Prompts,
+    RequestError,
+    Settings,
+    check_context,
+)
 
 SAMPLING_INPUT = "sampling_parameters"
 SAMPLING_FIELD = "field {!r} of 'sampling_parameters'"  # how a refusal names one of its fields
@@ -102,7 +109,7 @@ class Request:
     params: object  # vLLM's SamplingParams, built and validated by vLLM
     n: int  # answers per prompt
     returns: Returns
-    vllm_text: bool  # vLLM detokenizes (stop strings): its text is the answer
+    vllm_text: bool  # vLLM's text is the answer (fields that change the text: vllm_text())
     lora_name: str | None = None  # the LoRA adapter that answers it; None: the base model
 
     @property
@@ -131,12 +138,14 @@ class Answer:
 class ContractReader:
     """Turns a Triton request into a :class:`Request`, or raises :class:`RequestError`.
 
-    ``base`` is the lab's reader (prompts, the lab's parameters); ``annotations`` are vLLM's
-    ``SamplingParams`` field types; ``build(fields)`` makes vLLM's SamplingParams; ``context`` is
-    the model's context in tokens. ``refusals`` are the exception classes vLLM raises for a
-    request's own values (``VLLMClientError``): raised by ``build`` or by one of vLLM's own field
-    types (StructuredOutputsParams), they are the client's, a 400 in vLLM's words. Anything else
-    they raise is not the request's fault and is not answered as if it were: it propagates.
+    ``base`` is the lab's reader (its ``prompts()``: the prompts and the lab's parameters, not
+    yet checked against the context: that is checked here, with the max_tokens that
+    sampling_parameters may set); ``annotations`` are vLLM's ``SamplingParams`` field types;
+    ``build(fields)`` makes vLLM's SamplingParams; ``context`` is the model's context in tokens.
+    ``refusals`` are the exception classes vLLM raises for a request's own values
+    (``VLLMClientError``): raised by ``build`` or by one of vLLM's own field types
+    (StructuredOutputsParams), they are the client's, a 400 in vLLM's words. Anything else they
+    raise is not the request's fault and is not answered as if it were: it propagates.
     ``adapters`` are the names of the LoRA adapters the model serves.
     """
 
@@ -164,7 +173,7 @@ class ContractReader:
         extra = {
             k: raw.pop(k) for k in list(raw) if k not in LAB_PARAMETERS and k in self.annotations
         }
-        prompts = self.base.read(_WithParameters(request, raw))
+        prompts = self.base.prompts(_WithParameters(request, raw))
         stream = _flag(request, "stream")
         exclude = _flag(request, "exclude_input_in_output")
         prompts = replace(
@@ -185,10 +194,11 @@ class ContractReader:
         lora = sampling.pop(LORA_FIELD, lora)  # sampling_parameters win, as for every field
         lora_name = self._adapter(lora)
         chosen.update(self._checked(sampling, SAMPLING_FIELD))
-        self._check_context(prompts, chosen.get("max_tokens"))
-        vllm_text = bool(chosen.get("stop")) or bool(chosen.get("include_stop_str_in_output"))
+        if self.context and isinstance(chosen.get("max_tokens"), int):
+            check_context(prompts.ids, chosen["max_tokens"], self.context)
+        vllm_text = vllm_decodes(chosen)
         try:
-            params = self.build(dict(chosen, detokenize=vllm_text))
+            params = self.build(dict(chosen, detokenize=vllm_text or wants_words(chosen)))
         except self.refusals as exc:  # vLLM's checks of the values: a temperature above 2...
             raise RequestError(f"vLLM refused the request: {exc}") from None
         returns = Returns(**{name: bool(_flag(request, f"return_{name}")) for name in RETURNS})
@@ -246,16 +256,28 @@ class ContractReader:
                 raise RequestError(f"vLLM refused {where.format(k)}: {exc}") from None
         return checked
 
-    def _check_context(self, prompts: Prompts, max_tokens: object) -> None:
-        if not self.context or not isinstance(max_tokens, int):
-            return
-        for i, seq in enumerate(prompts.ids):
-            if len(seq) + max_tokens > self.context:
-                raise RequestError(
-                    f"prompt {i} is {len(seq)} tokens; with max_tokens={max_tokens} that "
-                    f"exceeds the model's context of {self.context} tokens; shorten the prompt "
-                    "or lower max_tokens"
-                )
+
+def vllm_decodes(fields: Mapping[str, object]) -> bool:
+    """Whether vLLM's own text is the answer: the request sets a field that changes the text of
+    vLLM's server (stop strings and stop tokens end it before them, ``ignore_eos`` goes on past
+    an end-of-sequence token, ``skip_special_tokens: false`` keeps special tokens, spaced as
+    ``spaces_between_special_tokens`` says). Else the model decodes as ``smollm2`` does (the same
+    text, from the tokens up to the first end-of-sequence token) and vLLM need not."""
+    return (
+        bool(fields.get("stop"))
+        or bool(fields.get("stop_token_ids"))
+        or bool(fields.get("include_stop_str_in_output"))
+        or bool(fields.get("ignore_eos"))
+        or fields.get("skip_special_tokens") is False
+    )
+
+
+def wants_words(fields: Mapping[str, object]) -> bool:
+    """Whether vLLM must detokenize for the request's logprobs: each entry's ``decoded_token``
+    is the token's text only when it does (else None, which Triton's OpenAI frontend cannot
+    read). vLLM then decodes every logprob token (``logprobs`` + 1 per generated token) and
+    the answer; without logprobs that work is skipped."""
+    return fields.get("logprobs") is not None or fields.get("prompt_logprobs") is not None
 
 
 @dataclass(frozen=True)

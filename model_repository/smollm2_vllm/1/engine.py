@@ -15,9 +15,10 @@ Triton 2.51's server crashed (SIGSEGV in ``TRITONBACKEND_ResponseFactoryIsCancel
 ``is_cancelled()`` was asked of a request that had just been answered.
 
 A request is read and checked before it comes here (``contract.py``): its vLLM SamplingParams
-are built, its answers are ``n`` per prompt. Without stop strings vLLM does not detokenize and the
-model decodes as ``smollm2`` does; with them, vLLM's text (cut before the stop string) is the
-answer. An unload lets the answers in flight finish for ``unload_drain_s``, then ends the rest
+are built, its answers are ``n`` per prompt. A request that sets a field which changes vLLM's
+text (stop strings or stop tokens, ``ignore_eos``, ``skip_special_tokens: false``:
+``contract.vllm_decodes``) is answered with vLLM's text; any other is decoded by the model as
+``smollm2`` decodes it, and vLLM detokenizes only for its logprobs' ``decoded_token``. An unload lets the answers in flight finish for ``unload_drain_s``, then ends the rest
 with an error that says so. A start past ``start_timeout_s`` ends every process it started.
 
 When the engine dies (its core or worker process ended), every request fails with the reason, the
@@ -93,7 +94,7 @@ class Step:
 
     answer: int  # the answer's place in the request: prompt x n + vLLM's completion index
     tokens: list[int]  # the tokens it added (several with stream_interval > 1)
-    text: str  # the text they added (vLLM's; only when it detokenizes: stop strings)
+    text: str  # the text they added (vLLM's; empty unless it detokenizes)
     finish_reason: str | None
     cumulative_logprob: float | None  # the answer's so far
     logprobs: list | None  # the added tokens' logprobs
@@ -580,8 +581,8 @@ SAMPLING_FIELDS = typing.get_type_hints(SamplingParams)
 
 def sampling_params(fields: dict) -> SamplingParams:
     """vLLM's sampling parameters from a request's checked fields (temperature 0: greedy; top_k
-    0: off, in vLLM too). Without stop strings vLLM does not detokenize: the model decodes as
-    smollm2 does (see model.py), and its greedy answers equal smollm2's. Each step's output holds
+    0: off, in vLLM too). Unless vLLM's text is the answer, the model decodes as smollm2 does
+    (see model.py), and its greedy answers equal smollm2's. Each step's output holds
     what is new (DELTA): vLLM 0.32's stream_interval works only so (with cumulative outputs it
     sent every token anyway)."""
     return SamplingParams(**fields, output_kind=RequestOutputKind.DELTA)
