@@ -61,11 +61,21 @@ fi
 # a package from the first index that has it). It compiles bytecode as pip does: without it each
 # stub and kernel compiles torch's and vLLM's sources again on import (`import vllm` 5 s slower).
 UV_VERSION=0.13.9
+# Each value as pip reads it: `pip config list` prints Python's repr ('...' or "...", with \n in a
+# multi-line value); pip splits the values of its list options on whitespace and takes index-url
+# whole. read -a splits without globbing, so a * or a space in a value stays what it is.
 pip_config_args() {
-  local line key value v
+  local line key value v values
   while IFS= read -r line; do
-    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
-    for v in $value; do
+    key=${line%%=*}; key=${key#*.}; value=${line#*=}
+    case $value in \'*\' | \"*\") value=${value:1:-1} ;; esac
+    printf -v value '%b' "$value"  # the repr's escapes: \n, \t, \\
+    if [ "$key" = index-url ]; then
+      values=(); [ -z "$value" ] || values=("$value")
+    else
+      read -ra values <<< "${value//[$'\n\r']/ }"
+    fi
+    for v in "${values[@]}"; do
       case $key in
         find-links) printf '%s\n' --find-links "$v" ;;
         constraint) printf '%s\n' --constraint "$v" ;;

@@ -367,6 +367,54 @@ def test_install_takes_the_cuda_vllm_on_a_gpu_host_with_a_fake_nvidia_smi(tmp_pa
     assert calls[0] == f"{UV} vllm==0.32.0"
 
 
+#: A pip configuration (``pip config list`` prints each value as Python's repr) with what a
+#: shell must not split or glob: a ``*``, a space in a single-valued key, a multi-line value.
+ODD_PIP_CONFIG = r"""global.find-links='wheels/* /more'
+global.index-url='file:///srv/my index/simple'
+global.extra-index-url='\nhttps://a.example/simple\nhttps://b.example/simple'
+global.constraint="/etc/it's/constraints.txt"
+global.cert='/etc/ssl/certs/ca.crt'
+"""
+
+
+@pytest.mark.integration  # runs bash
+def test_the_pip_configuration_reaches_uv_as_pip_reads_it_never_split_nor_globbed(tmp_path):
+    """Before, ``for v in $value`` split every value on spaces and globbed it: a ``*`` became
+    the names of the files where the install ran, and an index URL with a space two URLs."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ncat <<'EOF'\n{ODD_PIP_CONFIG}EOF\n")
+    python.chmod(0o755)
+    (tmp_path / "wheels").mkdir()  # what an unquoted wheels/* would expand to, where it runs
+    (tmp_path / "wheels" / "x.whl").touch()
+    uv = UV_BLOCK.search((ROOT / "scripts" / "install.sh").read_text())
+    assert uv, "scripts/install.sh has no '# >>> uv' ... '# <<< uv' block"
+    done = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\nVENV=.venv\n{uv[0]}\npip_config_args\n"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # pip splits the values of its list options on whitespace, and takes index-url whole
+    assert done.stdout.splitlines() == [
+        "--find-links",
+        "wheels/*",
+        "--find-links",
+        "/more",
+        "--index-url",
+        "file:///srv/my index/simple",
+        "--extra-index-url",
+        "https://a.example/simple",
+        "--extra-index-url",
+        "https://b.example/simple",
+        "--constraint",
+        "/etc/it's/constraints.txt",
+    ]
+
+
 # -- against a real Triton -----------------------------------------------------------------------
 MAX_NUM_SEQS, MAX_QUEUE = 8, 2  # the served model's limits: 10 prompts held, the 11th is busy
 UNLOAD_DRAIN_S = 20  # how long an unload lets the served model's answers in flight finish
