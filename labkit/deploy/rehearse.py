@@ -636,11 +636,14 @@ class Rehearsal:
                 "ready again after (s)": _round(kill.ready_again_after_s),
                 "answer after restart": kill.answer_after,
             }
+        out["notes"] = "; ".join(self.pod.notes)
         out["passed"] = self.passed
         return out
 
     def __str__(self) -> str:
-        lines = [f"{k}: {v}" for k, v in self.figures().items()]
+        figures = self.figures()
+        del figures["notes"]
+        lines = [f"{k}: {v}" for k, v in figures.items()]
         return "\n".join([*lines, *(f"note: {n}" for n in self.pod.notes)])
 
 
