@@ -38,7 +38,7 @@ from labkit.profiling import locate_perf_analyzer
 from labkit.repository import environment_folder
 from labkit.server import ServerBinary, TritonServer, locate_tritonserver, require_image
 from labkit.server.base_image import BASE_IMAGE
-from labkit.server.image import build_command, inspect_image
+from labkit.server.image import ON_STAND_IN, inspect_image
 from labkit.settings import hub_endpoint, hub_offline, token_variable, triton_image
 
 log = logging.getLogger(__name__)
@@ -388,7 +388,7 @@ def check_triton_image() -> Check:
     try:
         info = require_image(image)
     except LabkitError as exc:
-        on_cpu = build_command(base=BASE_IMAGE)[3]
+        on_cpu = ON_STAND_IN
         if image != on_cpu and inspect_image(on_cpu) is not None:
             return Check(
                 "docker image",

@@ -23,7 +23,7 @@ from labkit.server import image
 from labkit.server.docker import daemon_problem
 
 #: The lab's image built on the stand-in.
-LAB_IMAGE = image.build_command(base=stand_in.BASE_IMAGE)[3]
+LAB_IMAGE = image.ON_STAND_IN
 _LOCK = Path(tempfile.gettempdir()) / "labkit-docker-tier.lock"
 
 

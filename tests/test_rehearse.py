@@ -17,7 +17,7 @@ from labkit.cli import main
 from labkit.cluster import ready_check
 from labkit.deploy import DeploySettings, ngc_image, write_manifests
 from labkit.deploy.k8s import memory_bytes
-from labkit.deploy.rehearse import (
+from labkit.deploy.rehearsal import (
     KSERVE_RUNTIME_ARGS,
     LABEL,
     Rehearsal,

@@ -3,7 +3,7 @@ kubelet's probes, and say whether it became ready and answered."""
 
 from __future__ import annotations
 
-from labkit.deploy.rehearse import rehearse
+from labkit.deploy.rehearsal import rehearse
 
 
 def register(sub) -> None:

@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 #: ``docker build``'s context: the Dockerfile and the requirements it copies, nothing else.
 DOCKER_DIR = project_root() / "docker"
 LAB_IMAGE_NAME = "triton_transformer_server"
+#: The lab's image built on the CPU stand-in for NGC's (``labkit image build --base``
+#: :data:`~labkit.server.base_image.BASE_IMAGE`): the image the docker mode runs on a host without
+#: NGC's registry or a GPU. A build on a base is tagged with the base's tag.
+ON_STAND_IN = f"{LAB_IMAGE_NAME}:{BASE_IMAGE.rpartition(':')[2]}"
 DAY_ZERO_ARG = "TRANSFORMERS_REF"
 
 #: Run inside the image: what the lab's model code imports, as one JSON line.
@@ -290,7 +294,7 @@ def require_image(image: str) -> ImageInfo:
         pull = (
             "" if image == DEFAULT_IMAGE else f"`docker pull {image}` if it is a remote image, or "
         )
-        on_cpu = build_command(base=BASE_IMAGE)[3]
+        on_cpu = ON_STAND_IN
         stand_in = (
             ""
             if image == on_cpu
