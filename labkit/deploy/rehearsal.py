@@ -89,15 +89,14 @@ from labkit.errors import (
 )
 from labkit.server.base_image import BASE_IMAGE
 from labkit.server.docker import daemon_problem, require_daemon
-from labkit.server.image import LAB_IMAGE_NAME
+from labkit.server.image import ON_STAND_IN
 
 from .k8s import DeploySettings, copy_repository, memory_bytes
 
 log = logging.getLogger(__name__)
 
-#: The lab's image built on the CPU stand-in for NGC's (``labkit image build --base
-#: triton_labkit_base:2.51-cpu``): what runs here in place of an image this host does not have.
-STAND_IN_IMAGE = f"{LAB_IMAGE_NAME}:{BASE_IMAGE.rpartition(':')[2]}"
+#: What runs here in place of an image this host does not have: the lab's image on the stand-in.
+STAND_IN_IMAGE = ON_STAND_IN
 #: The ``kserve-tritonserver`` ClusterServingRuntime's container args (KServe's
 #: ``config/runtimes/kserve-tritonserver.yaml``); KServe appends the predictor's own args.
 KSERVE_RUNTIME_ARGS = (
