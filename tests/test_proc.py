@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -24,10 +23,38 @@ def test_wait_until_returns_the_first_true_answer_and_stops_asking():
     assert len(asked) == 3
 
 
-def test_wait_until_gives_the_last_false_answer_once_the_bound_has_passed():
-    started = time.monotonic()
-    assert proc.wait_until(lambda: [], 0.2, 0.02) == []
-    assert 0.2 <= time.monotonic() - started < 5
+class FakeTime:
+    """Stands in for the time module in labkit.proc: its clock moves only by the pauses asked."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> FakeTime:
+    fake = FakeTime()
+    monkeypatch.setattr(proc, "time", fake)
+    return fake
+
+
+def test_wait_until_gives_the_last_false_answer_once_the_bound_has_passed(clock):
+    answers: list[list] = []
+
+    def predicate():
+        answers.append([])  # a new false answer each time
+        return answers[-1]
+
+    assert proc.wait_until(predicate, 0.2, 0.02) is answers[-1]
+    # asked every 0.02 s up to the bound and once past it, never after
+    assert 0.2 < clock.now <= 0.2 + 0.02 + 1e-9 and len(answers) == len(clock.pauses) + 1
 
 
 def test_wait_until_asks_once_even_with_no_time_and_raises_the_predicates_error():
@@ -40,11 +67,17 @@ def test_wait_until_asks_once_even_with_no_time_and_raises_the_predicates_error(
         proc.wait_until(broken, 1)
 
 
-def test_wait_until_lengthens_its_pause_up_to_the_bound_given():
-    moments: list[float] = []
-    proc.wait_until(lambda: moments.append(time.monotonic()), 1.0, 0.01, max_interval_s=0.1)
-    pauses = [b - a for a, b in zip(moments, moments[1:], strict=False)]
-    assert pauses[0] < 0.08 and max(pauses) >= 0.09  # 10 ms at first, then up to 100 ms
+def test_wait_until_lengthens_its_pause_by_half_up_to_the_bound_given(clock):
+    proc.wait_until(lambda: None, 1.0, 0.01, max_interval_s=0.1)
+    growing = [0.01, 0.015, 0.0225, 0.03375, 0.050625, 0.0759375, 0.1]
+    assert clock.pauses[: len(growing)] == pytest.approx(growing)
+    assert set(clock.pauses[len(growing) :]) == {0.1}  # 10 ms at first, then 100 ms each
+    assert 1.0 < clock.now <= 1.1 + 1e-9
+
+
+def test_wait_until_keeps_its_pause_without_a_bound(clock):
+    proc.wait_until(lambda: None, 0.5, 0.1)
+    assert clock.pauses == pytest.approx([0.1] * len(clock.pauses)) and len(clock.pauses) >= 5
 
 
 def _sleeper(*args: str) -> subprocess.Popen:
@@ -87,5 +120,5 @@ def test_the_process_tree_of_this_process_holds_a_child_and_sums_a_measure_over_
     finally:
         child.kill()
         child.wait()
-    with pytest.raises(psutil.NoSuchProcess):
+    with pytest.raises(psutil.NoSuchProcess, match=f"pid={child.pid}"):
         proc.process_tree(child.pid)
