@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -277,41 +276,60 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     wait_for(lambda: post_infer(cluster.http_url)[1] == "r0", 10, "r0 answering again")
 
 
+#: A model whose initialize waits until its folder holds a file "release" (at most 120 s): a
+#: load that lasts as long as the test holds it.
+HELD = "import os\nimport time\n" + ECHO.replace(
+    "    def execute(",
+    """    def initialize(self, args):
+        release = os.path.join(args["model_repository"], "release")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def execute(""",
+)
+
+
+def triton_readiness(server) -> int:
+    """The status of Triton's own /v2/health/ready."""
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready") as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 @pytest.mark.integration
 def test_loading_another_model_on_a_replica_keeps_it_in_the_pool(cluster):
     """Triton's /v2/health/ready answers 400 while any model loads: the check asks only for the
-    models the cluster serves, so notebook 07's twins, loaded on r0, do not take it out."""
+    models the cluster serves, so notebook 07's twins, loaded on r0, do not take it out. The
+    load is held until HAProxy has checked r0 more often than it takes to mark it down."""
     cluster.wait_ready(60)
-    server = cluster.replica(0).server
-    slow = "import time\n" + ECHO.replace(
-        "    def execute(",
-        "    def initialize(self, args):\n        time.sleep(2)\n\n    def execute(",
-    )
-    write_python_model(Path(cluster.model_repository), "slow_twin", slow)
-    missing, health = set(), set()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            missing.update({"r0", "r1"} - set(cluster.in_pool()))
-            try:
-                with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready") as answer:
-                    health.add(answer.status)
-            except urllib.error.HTTPError as exc:
-                health.add(exc.code)
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    replica = cluster.replica(0)
+    server = replica.server
+    folder = Path(cluster.model_repository) / "held_twin"
+    write_python_model(Path(cluster.model_repository), "held_twin", HELD)
+    failed_checks = int(cluster.balancer.servers()["r0"]["chkfail"])
+    loading = threading.Thread(target=server.load_model, args=("held_twin",))
+    loading.start()
     try:
-        server.load_model("slow_twin")
-        server.unload_model("slow_twin")
+        wait_for(lambda: triton_readiness(server) == 400, 60, "Triton's readiness answering 400")
+        seen = replica.readiness.checks
+        enough = seen + cluster.checks.fall + 1  # more than it takes to mark r0 down
+        wait_for(lambda: replica.readiness.checks >= enough, 30, "HAProxy checking r0 again")
+        assert triton_readiness(server) == 400  # still loading: each of those checks met the trap
+        view = cluster.balancer.servers()
+        assert [view[r]["status"] for r in ("r0", "r1")] == ["UP", "UP"], view
+        assert int(view["r0"]["chkfail"]) == failed_checks, view["r0"]  # no check failed
+        wait_for(
+            lambda: post_infer(cluster.http_url)[:2] == (200, "r0"), 10, "r0 answering meanwhile"
+        )
     finally:
-        done.set()
-        watcher.join()
-        shutil.rmtree(Path(cluster.model_repository) / "slow_twin", ignore_errors=True)
-    assert 400 in health, health  # the trap was there...
-    assert missing == set(), missing  # ...and the pool did not fall in it
+        (folder / "release").touch()
+        loading.join(120)
+        server.unload_model("held_twin")
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not loading.is_alive()
 
 
 # -- nothing is left ---------------------------------------------------------------------------
