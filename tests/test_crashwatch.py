@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import crashwatch
@@ -120,7 +121,7 @@ def teardown_of(watch, nodeid: str, outcome: str = "passed"):
     report = pytest.TestReport(nodeid, ("x.py", 0, nodeid), {}, outcome, None, "teardown")
     hook = watch.pytest_runtest_makereport(SimpleNamespace(nodeid=nodeid), None)
     next(hook)
-    with pytest.raises(StopIteration) as done:
+    with pytest.raises(StopIteration, match=re.escape(repr(nodeid))) as done:  # its report
         hook.send(report)
     return done.value.value
 

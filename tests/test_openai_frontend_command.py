@@ -190,7 +190,7 @@ def test_an_openai_port_out_of_range_is_refused_naming_it(repo, port):
 
 @pytest.mark.parametrize("text", ["70000", "-1", "nine"])
 def test_labkit_serve_refuses_an_openai_port_out_of_range(repo, text, capsys):
-    with pytest.raises(SystemExit) as exit_:
+    with pytest.raises(SystemExit, match="^2$") as exit_:  # argparse's usage error
         main(["serve", "--model-repository", str(repo), "--openai", "--openai-port", text])
     assert exit_.value.code == 2
     assert f"argument --openai-port: {text!r} is not a TCP port" in capsys.readouterr().err

@@ -88,10 +88,10 @@ def test_the_bench_command_takes_the_frontend_options(monkeypatch, tmp_path):
 
     def fake_run(run_dir, settings, source=None):
         seen["settings"] = settings
-        raise SystemExit(0)
+        raise SystemExit("the fake run ended the command")
 
     monkeypatch.setattr(frontend, "run", fake_run)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="the fake run ended the command"):  # not argparse
         main(["bench", "frontend", "--dtype", "bfloat16", "--defaults", "--rounds", "5",
               "--stream-interval", "4", "--clients", "whole", "--run-dir", str(tmp_path)])  # fmt: skip
     s = seen["settings"]

@@ -335,6 +335,6 @@ def test_an_adapter_the_model_does_not_serve_gets_a_400_naming_it_and_the_served
     as_parameter = {"lora_name": "pirate"}
     as_field = {"sampling_parameters": json.dumps({"lora_name": "pirate"})}
     for params in (as_parameter, as_field):
-        with pytest.raises(InferenceError) as refused:
+        with pytest.raises(InferenceError, match=re.escape(words)) as refused:
             client.generate(url, "smollm2_vllm", "Hi", **params)
         assert refused.value.status == 400 and words in refused.value.server_message, params
