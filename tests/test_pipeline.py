@@ -4,7 +4,12 @@ ensemble of a tokenizer step and an encoder step, against the real server."""
 from __future__ import annotations
 
 import os
+import queue
 import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -12,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
-from conftest import released_together, wait_for
+from conftest import model_counts, released_together, wait_for
 from labkit import embedding, pipeline, profiling, streaming
-from labkit.cli import build_parser
+from labkit.cli import build_parser, main
 from labkit.errors import ConfigError, InferenceError, ServerError
 from labkit.lessons import pipeline as lesson
 from labkit.lessons.takeaway import sentence_count
@@ -82,10 +88,48 @@ def test_a_cache_size_below_one_byte_is_refused_with_the_fix(empty_repo, size):
         TritonServer(empty_repo, cache_size=size)
 
 
-def test_labkit_serve_takes_a_cache_size():
-    args = build_parser().parse_args(["serve", "--cache-size", "16777216"])
-    assert args.cache_size == 16777216
-    assert build_parser().parse_args(["serve"]).cache_size is None
+@pytest.mark.integration
+def test_labkit_serve_starts_the_server_with_the_cache_size_it_is_given(empty_repo, tmp_path):
+    log = tmp_path / "server.log"
+    command = [sys.executable, "-m", "labkit.cli", "serve", "--model-repository", str(empty_repo)]
+    command += ["--http-port=0", "--grpc-port=0", "--metrics-port=0", f"--log-file={log}"]
+    lines: list[str] = []
+    with subprocess.Popen(
+        [*command, "--cache-size", "1048576"], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    ) as serve:
+        reader = threading.Thread(target=lambda: lines.extend(serve.stdout), daemon=True)
+        reader.start()
+        try:
+            ready = wait_for(
+                lambda: next((x for x in list(lines) if "Triton is ready" in x), None),
+                120,
+                "labkit serve saying the server is ready",
+            )
+            metrics_url = re.search(r"metrics: (\S+)", ready).group(1)
+            # the server says the size it was given, and its metrics show the cache it made
+            assert re.search(r"cache_config: '\{.*size.*1048576", log.read_text()), log.read_text()
+            assert "nv_cache_util" in set(profiling.scrape(metrics_url)["name"])
+        finally:
+            serve.send_signal(signal.SIGINT)
+            code = serve.wait(timeout=60)
+            reader.join(timeout=10)  # its output ended with the process
+    assert code == 0
+
+
+@pytest.mark.parametrize("size", ["0", "-5"])
+def test_labkit_serve_refuses_a_cache_size_below_one_byte_before_starting(empty_repo, size, capsys):
+    code = main(["serve", "--model-repository", str(empty_repo), "--cache-size", size])
+    assert code == 2
+    assert f"cache_size={int(size)}: the response cache needs a size of 1 byte or more" in (
+        capsys.readouterr().err
+    )
+
+
+def test_labkit_serve_refuses_a_cache_size_that_is_not_a_number(empty_repo, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model-repository", str(empty_repo), "--cache-size", "16M"])
+    assert exit_.value.code == 2
+    assert "argument --cache-size: invalid int value: '16M'" in capsys.readouterr().err
 
 
 # -- the pipeline's committed models -----------------------------------------------------------
@@ -189,7 +233,7 @@ def test_a_repeated_request_is_a_cache_hit_that_the_server_counts(server):
     assert (missed["misses"], missed["hits"]) == (1, 0)
     assert (counted.loc[pipeline.CACHED, "misses"], counted.loc[pipeline.CACHED, "hits"]) == (1, 1)
     assert pipeline.SINGLE not in counted.index  # the model without response_cache never asks
-    assert hit[0] < miss[0]
+    assert len(hit) == len(miss) == 1  # times are compared over many requests in the next test
     # a request of shape [1, 1] again: the same key, the cached answer, the model's own vector
     cached = embedding.served_embed(server, [text], model=pipeline.CACHED)
     np.testing.assert_allclose(cached, embedding.embed([text]), atol=1e-5, rtol=0)
@@ -220,11 +264,16 @@ def test_the_cached_ensemble_answers_a_repeated_text_at_its_door_without_its_ste
     wait_for(lambda: encoded_count(server) >= first + len(texts), 30, "the misses encoded")
     encoded = encoded_count(server)
     hit = pipeline.time_requests(server, pipeline.PIPELINE_CACHED, texts)
-    time.sleep(1.0)
-    assert encoded_count(server) == encoded  # a hit never reached the steps
     counted = profiling.cache_metrics(server, since=before).set_index("model")
     row = counted.loc[pipeline.PIPELINE_CACHED]
     assert (row["misses"], row["hits"]) == (len(texts), len(texts))
+    # a hit never reached the steps: one more new text, sent after the hits, is the next request
+    # the encoder step runs (one instance, in order), so once it is counted, the hits would be too
+    pipeline.time_requests(server, pipeline.PIPELINE_CACHED, [f"A new text {uuid.uuid4().hex}"])
+    after = wait_for(
+        lambda: (n := encoded_count(server)) > encoded and n, 30, "the new text encoded"
+    )
+    assert after == encoded + 1
     assert np.median(hit) <= 0.1 * np.median(missed), (hit, missed)
     cached = embedding.served_embed(server, texts[:1], model=pipeline.PIPELINE_CACHED)  # a hit
     np.testing.assert_allclose(cached, embedding.embed(texts[:1]), atol=1e-5, rtol=0)
@@ -305,11 +354,125 @@ def test_an_empty_question_to_ask_is_a_400_with_the_embedding_steps_message(serv
 
 @pytest.mark.integration
 def test_ask_whose_language_model_is_not_loaded_names_it(server):
+    pieces = []
     with pytest.raises(
         InferenceError, match=r"ask: step smollm2: .*; load smollm2 \(ask calls it\)"
     ):
-        streaming_answer = list(streaming.stream(server.http_url, UNLOADED, "What is vLLM?"))
-        assert not streaming_answer
+        for piece in streaming.stream(server.http_url, UNLOADED, "What is vLLM?"):
+            pieces.append(piece)
+    assert pieces == []  # the error came before any text
+
+
+# -- ask and a client that leaves -------------------------------------------------------------
+LEFT_QUEUED = "ask: a question was cancelled by its client before it ran; no step ran for it"
+LEFT_MID_ANSWER = "ask: a question was cancelled by its client after"
+LONG_QUESTION = "Tell me a long story about the station."  # its answer runs past 200 tokens
+
+
+class HeldQuestion:
+    """A question to ``ask`` on a gRPC stream of its own, read as it comes, cancellable."""
+
+    def __init__(self, server, question: str, **parameters) -> None:
+        self.arrived: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.client.start_stream(callback=lambda result, error: self.arrived.put((result, error)))
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([question.encode()], dtype=np.object_))
+        self.client.async_stream_infer(
+            pipeline.ASK, [text], parameters=parameters or None, enable_empty_final_response=True
+        )
+        self.pieces: list[str] = []
+        self.done = False
+
+    def read(self, until_pieces: int | None = None, timeout_s: float = 300) -> str:
+        """Read the answer until it ends (or ``until_pieces`` pieces came); the text so far."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done and (until_pieces is None or len(self.pieces) < until_pieces):
+            result, error = self.arrived.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert error is None, error
+            out = result.as_numpy("text_output")
+            if out is not None:
+                self.pieces.extend(x.decode() for x in out.reshape(-1))
+            self.done = result.get_response().parameters["triton_final_response"].bool_param
+        return "".join(self.pieces)
+
+    def cancel(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+
+def logged(server, line: str) -> int:
+    return Path(server.log_path).read_text(encoding="utf-8", errors="replace").count(line)
+
+
+def queued(server, model: str) -> int:
+    """Requests Triton holds for ``model`` that its instances have not taken yet."""
+    samples = profiling.scrape(server)
+    rows = samples[
+        (samples["name"] == "nv_inference_pending_request_count") & (samples["model"] == model)
+    ]
+    return int(rows["value"].sum())
+
+
+def settled(server, model: str) -> dict:
+    """``model``'s counters once two reads half a second apart agree (a step's request is counted
+    when it is released, a moment after its answer left)."""
+
+    def same():
+        first = model_counts(server, model)["inference_count"]
+        time.sleep(0.5)
+        row = model_counts(server, model)
+        return row.to_dict() if row["inference_count"] == first else None
+
+    return wait_for(same, 30, f"{model}'s counters to settle")
+
+
+@pytest.mark.integration
+def test_questions_cancelled_while_queued_for_ask_run_no_step(server):
+    """ask has one instance: questions wait for it. One whose client left runs no step."""
+    question = "When is bread baked?"
+    alone = pipeline.ask(server, question).text  # ask embeds its passages at its first question
+    settled(server, LLM)
+    before, seen = profiling.metrics(server), logged(server, LEFT_QUEUED)
+    held = HeldQuestion(server, LONG_QUESTION, max_tokens=200)
+    try:
+        held.read(until_pieces=1)
+        left = [HeldQuestion(server, f"What about question {i}?") for i in range(3)]
+        wait_for(lambda: queued(server, pipeline.ASK) == 3, 60, "3 questions queued for ask")
+        for question_left in left:
+            question_left.cancel()
+        held.read()
+    finally:
+        held.cancel()
+    # the next question waits behind the three that left: answered, they have been dealt with
+    assert pipeline.ask(server, question).text == alone
+    llm = wait_for(
+        lambda: (
+            (row := model_counts(server, LLM, since=before).to_dict())["inference_count"] >= 2
+            and row
+        ),
+        30,
+        "the language model counting the two questions answered",
+    )
+    assert llm["inference_count"] == 2  # the held question and the last one; none that left
+    assert model_counts(server, pipeline.SINGLE, since=before)["inference_count"] == 2
+    assert logged(server, LEFT_QUEUED) == seen + 3
+    assert len(held.pieces) > 16  # its max_tokens reached the language model (16 by default)
+
+
+@pytest.mark.integration
+def test_a_question_left_mid_answer_stops_ask_and_the_next_is_answered(server):
+    question = "When is bread baked?"
+    alone = pipeline.ask(server, question).text
+    seen = logged(server, LEFT_MID_ANSWER)
+    held = HeldQuestion(server, LONG_QUESTION, max_tokens=200)
+    try:
+        held.read(until_pieces=2)
+        assert not held.done  # left in the middle of its answer
+    finally:
+        held.cancel()
+    wait_for(lambda: logged(server, LEFT_MID_ANSWER) > seen, 60, "ask stopping the answer")
+    assert pipeline.ask(server, question).text == alone
 
 
 # -- the lesson's words ---------------------------------------------------------------------------
