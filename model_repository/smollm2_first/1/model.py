@@ -24,6 +24,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         settings = {key: value["string_value"] for key, value in config["parameters"].items()}
         self.max_tokens = int(settings.get("max_tokens", "16"))  # when a request names none
+        self.max_tokens_limit = int(settings.get("max_tokens_limit", "512"))  # the most it may
         source = settings["huggingface_model"]
         if (Path(args["model_repository"]) / source).is_dir():  # a folder beside config.pbtxt
             source = str(Path(args["model_repository"]) / source)
@@ -39,6 +40,7 @@ class TritonPythonModel:
         self.tokenizer = AutoTokenizer.from_pretrained(source, token=token)
         self.model = AutoModelForCausalLM.from_pretrained(source, token=token, dtype=dtype)
         self.model.to(self.device).eval()
+        self.context = self.model.config.max_position_embeddings  # prompt + answer, in tokens
         pb_utils.Logger.log_info(f"{config['name']}: loaded {source} on {self.device}")
 
     def execute(self, requests):
@@ -49,8 +51,11 @@ class TritonPythonModel:
             try:
                 max_tokens = self.max_tokens_of(request)
                 answers = [self.generate(prompt_text(p), max_tokens) for p in prompts.flat]
-            except ValueError as error:  # a bad request: HTTP 400, and the model serves on
-                refusal = pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+            except Exception as error:  # noqa: BLE001 (this request fails alone; the others go on)
+                bad = isinstance(error, ValueError)  # a bad request: HTTP 400; else a fault: 500
+                message = str(error) if bad else f"{type(error).__name__}: {error}"
+                code = pb_utils.TritonError.INVALID_ARG if bad else pb_utils.TritonError.INTERNAL
+                refusal = pb_utils.TritonError(message, code)
                 responses.append(pb_utils.InferenceResponse(error=refusal))
                 continue
             output = np.array(answers, dtype=np.object_).reshape(prompts.shape)
@@ -62,6 +67,12 @@ class TritonPythonModel:
     def generate(self, prompt, max_tokens):
         """The prompt and up to ``max_tokens`` new tokens after it, each the likeliest (greedy)."""
         inputs = self.tokenizer(prompt, return_tensors="pt").to(self.device)  # tokenize
+        tokens = inputs["input_ids"].shape[-1] + max_tokens  # the prompt and its answer
+        if tokens > self.context:
+            raise ValueError(
+                f"the prompt and max_tokens {max_tokens} are {tokens} tokens, over the model's "
+                f"context of {self.context}; shorten the prompt or lower max_tokens"
+            )
         output = self.model.generate(
             **inputs,
             max_new_tokens=max_tokens,  # new tokens only: the prompt does not count
@@ -73,8 +84,8 @@ class TritonPythonModel:
         return prompt + text[len(head) :]  # the prompt as it was sent, then the new text
 
     def max_tokens_of(self, request):
-        """The request's ``max_tokens``, else config.pbtxt's. This model answers greedily: it
-        takes ``temperature`` 0 and refuses any other parameter."""
+        """The request's ``max_tokens``, else config.pbtxt's, at most its ``max_tokens_limit``.
+        This model answers greedily: it takes ``temperature`` 0 and refuses any other parameter."""
         asked = json.loads(request.parameters() or "{}")
         if asked.pop("temperature", 0) != 0:
             raise ValueError("this model answers greedily: temperature must be 0 (smollm2 samples)")
@@ -84,6 +95,11 @@ class TritonPythonModel:
         max_tokens = asked.get("max_tokens", self.max_tokens)
         if type(max_tokens) is not int or max_tokens < 1:
             raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
+        if max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"max_tokens {max_tokens} is over this model's max_tokens_limit of "
+                f"{self.max_tokens_limit} (config.pbtxt)"
+            )
         return max_tokens
 
     def finalize(self):
