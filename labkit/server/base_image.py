@@ -29,6 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit import proc
 from labkit.errors import MissingDependencyError, ToolError
 from labkit.server.docker import require_daemon
 
@@ -194,12 +195,7 @@ def _import(rootfs: Path, tag: str, timeout_s: float) -> None:
 
 def _run(command: list[str], what: str, timeout_s: float) -> None:
     log.info("running %s", " ".join(command))
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise ToolError(f"{what} ran past {timeout_s:g} s") from None
+    done = proc.run(command, timeout_s=timeout_s, check=False)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
         raise ToolError(f"{what} exited with status {done.returncode}:\n{tail}")

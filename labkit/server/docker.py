@@ -8,9 +8,9 @@ traceback from ``docker run``.
 from __future__ import annotations
 
 import shutil
-import subprocess
 
-from labkit.errors import MissingDependencyError
+from labkit import proc
+from labkit.errors import MissingDependencyError, ToolTimeoutError
 
 #: How a root Debian or Ubuntu host gets an engine (``make install`` does it there).
 INSTALL_FIX = (
@@ -33,14 +33,12 @@ def daemon_problem(timeout_s: float = 20.0) -> str | None:
     if not shutil.which("docker"):
         return f"the docker command is not installed here; {INSTALL_FIX}"
     try:
-        done = subprocess.run(
+        done = proc.run(
             ["docker", "version", "--format", "{{.Server.Version}}"],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
+            timeout_s=timeout_s,
             check=False,
         )
-    except subprocess.TimeoutExpired:
+    except ToolTimeoutError:
         return f"the Docker engine did not answer within {timeout_s:g} s; check that dockerd runs"
     if done.returncode == 0 and done.stdout.strip():
         return None
