@@ -519,7 +519,7 @@ def write_gpu_configs(
     return GpuPipeline(out.path, diffs, server.docker_command())
 
 
-# -- labkit bench pipeline: the issue's targets, as JSON -------------------------------------------
+# -- labkit bench pipeline: its targets, as JSON -------------------------------------------
 #: The models the benchmark serves: the single model, its cached twin, the ensemble, and ask
 #: with the streaming language model it calls.
 BENCH_MODELS = [*MODELS, CACHED, PIPELINE_CACHED, "smollm2_stream", ASK]
@@ -584,7 +584,7 @@ def benchmark(
 
 
 def targets(result: dict) -> dict:
-    """Each of the issue's targets: its measurement and whether it was met."""
+    """Each of the pipeline bench's targets: its measurement and whether it was met."""
     hit, miss = result["cache_hit_p50_ms"], result["cache_miss_p50_ms"]
     return {
         "cache_hit_p50_at_most_0.1x_miss_p50": {

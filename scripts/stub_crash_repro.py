@@ -1,4 +1,4 @@
-"""Reproduce a Python-backend stub's segfault on its way out (issue 40), and count them.
+"""Reproduce a Python-backend stub's segfault on its way out, and count them.
 
 A stub crashed when its model ended (unload, or the server's stop) while Python still held,
 in a reference cycle, an object that owns shared memory: a decoupled request's response sender
@@ -11,7 +11,7 @@ template, as ``smollm2_stream``), streams ``--streams`` answers, ends the model 
 ``unload``, ``stop``, or ``kill-server``: SIGKILL to tritonserver alone, reaped at once, which
 leaves its stubs without their server: Triton's own crash, upstream server#7875) and counts the
 kernel log's segfaults of that server's own stubs (by pid: other servers on the host are not
-counted). Needs a readable kernel log (root). Measured on the 2-core host (issue 40): before the
+counted). Needs a readable kernel log (root). Measured on the 2-core host: before the
 fix, 3 of 3 rounds crashed (``stop``, 4 streams) and 2 of 2 (``unload``, 1 stream); after it,
 0 of 3 each; ``kill-server`` crashed 1 round of 2 (``segfault at ...220 ... error 6``).
 

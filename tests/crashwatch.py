@@ -14,7 +14,7 @@ stubs, notebook kernels and what they start): a crash of one of them is its own,
 test running on it. Each crash is judged (:func:`verdict`) by the kind of crash, from where in
 libc it happened:
 
-- ``freed after unmap`` (issue 40): Python freed an object that owns some of the stub's shared
+- ``freed after unmap``: Python freed an object that owns some of the stub's shared
   memory after the stub had unmapped it (a response sender kept by a reference cycle until the
   interpreter's last garbage collection). The model code's to avoid: the test it happened in
   fails, at its teardown.
@@ -61,7 +61,7 @@ FREED_AFTER_UNMAP = "freed after unmap"
 SERVER_GONE = "server gone"
 KINDS = {
     # pthread_mutex_lock on a mutex in unmapped shared memory, from a destructor run by
-    # Py_FinalizeEx's garbage collection (core dump of issue 40: ~ResponseSender -> PbCancel)
+    # Py_FinalizeEx's garbage collection (a core dump showed ~ResponseSender -> PbCancel)
     FREED_AFTER_UNMAP: re.compile(
         r"triton_python_b\[\d+\]: segfault at \w+ .* libc\.so\.6\[8c370,"
     ),
@@ -114,7 +114,7 @@ def verdict(test: str, line: str, strict: bool = False) -> tuple[str, str]:
         return "fail", (
             "a Python object owning some of the stub's shared memory (a response sender, a "
             "request) was freed after the stub unmapped it: model code kept it in a reference "
-            "cycle until the interpreter's last garbage collection (issue 40); free it in "
+            "cycle until the interpreter's last garbage collection (README, Known issues); free it in "
             "finalize (gc.collect()) or break the cycle"
         )
     what = f"a {kind!r} crash" if kind else "a crash of an unknown kind"

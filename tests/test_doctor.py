@@ -271,7 +271,7 @@ def test_require_no_failures_names_each_failed_check_and_its_fix():
         doctor.require_no_failures([doctor.check_numpy("2.1.0")])
 
 
-# -- the GPU host: the lab's torch, Docker's NVIDIA runtime and the lab's image (issue 14) --------
+# -- the GPU host: the lab's torch, Docker's NVIDIA runtime and the lab's image --------
 def _gpu_host(folder: Path, monkeypatch, cuda: str = "13.0") -> None:
     """A fake NVML: one H200 whose driver supports CUDA ``cuda`` (``folder``: unused, kept for
     the callers' shape)."""

@@ -260,7 +260,7 @@ BLOCK = re.compile(r"^# >>> torch:.*?^# <<< torch$", re.M | re.S)
 def install_block() -> str:
     found = BLOCK.search(INSTALL.read_text())
     if not found:
-        pytest.fail("scripts/install.sh has no '# >>> torch' ... '# <<< torch' block (issue 14)")
+        pytest.fail("scripts/install.sh has no '# >>> torch' ... '# <<< torch' block")
     return found[0]
 
 

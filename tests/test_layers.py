@@ -212,7 +212,7 @@ def test_the_module_import_graph_has_no_cycle():
 
 
 def test_the_cycle_check_finds_a_circle_through_an_annotation_and_a_package():
-    """The circle issue 39 found, as it was: ``lessons/inflight.py`` imported ``llm_serving``'s
+    """The circle a review found, as it was: ``lessons/inflight.py`` imported ``llm_serving``'s
     ``Comparison`` for annotations, and ``llm_serving/__init__`` imported ``charts``, which
     imported ``way_name`` from ``lessons/inflight.py``."""
     edges = {

@@ -1,4 +1,4 @@
-"""LoRA in ``smollm2_vllm``: an adapter made offline with peft, served by name (issue 41, item 2).
+"""LoRA in ``smollm2_vllm``: an adapter made offline with peft, served by name.
 
 The fast tests make an adapter for a tiny Llama (seeded: the same files twice; ``B`` is not zero,
 so it changes the model by the share it is built for), read the ``lora_adapters`` parameter

@@ -1,4 +1,4 @@
-"""vLLM's engine metrics under vLLM's names (issue 41, item 3).
+"""vLLM's engine metrics under vLLM's names.
 
 Fast: :func:`labkit.profiling.vllm_metrics` reads a ``/metrics`` text captured from the real
 server serving ``smollm2_vllm`` (Triton 2.51): the counters, the histograms' sums and counts, the

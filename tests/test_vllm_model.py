@@ -10,7 +10,7 @@ count what requests took; a killed engine process ends the stub, and
 ``labkit.server.recover`` brings the model back with no process left behind. The contract of
 Triton's vLLM backend: the tensors Triton's OpenAI frontend sends get the greedy answer and its
 token counts, a stop string ends the answer ("stop"), ``n`` answers come back, and a bad
-``sampling_parameters`` gets a 400 naming it. The defects issue 41 found each have a test: the
+``sampling_parameters`` gets a 400 naming it. The defects a review found each have a test: the
 watchdog survives a failed pass, a start past its timeout leaves no process, an unload lets a
 live stream finish whole (Triton 2.51 waits for it before finalize, so the model's own
 ``unload_drain_s`` bound, for what finalize still finds running, is not reached here).

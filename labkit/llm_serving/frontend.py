@@ -43,7 +43,7 @@ RESULT_NAME = "frontend"
 #: The references each served way is compared with: vLLM's own server on the model's settings,
 #: and on vLLM's own defaults (compiled).
 REFERENCES = ("own", "own_defaults")
-#: The targets of issue 41: Triton against vLLM's own server on the same settings, and on its
+#: The frontend bench's targets: Triton against vLLM's own server on the same settings, and on its
 #: defaults, in every dtype.
 TARGETS = {"own": 1.0, "own_defaults": 0.95}
 
