@@ -1,6 +1,6 @@
 """Telling a server start that stopped moving from one that is slow.
 
-In a fresh clone's ``make test`` (CI, stop 45) a tritonserver loading notebook 04's three models
+In a fresh clone's ``make test`` (CI) a tritonserver loading notebook 04's three models
 on one busy core never became ready: both instances of ``smollm2_config_2`` logged their
 ``initialize`` done, and then the server wrote no line and its ``successfully loaded`` never came,
 until the 300 s bound ran out. A start that is merely slow looks different: a stub importing

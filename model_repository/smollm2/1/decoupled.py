@@ -63,7 +63,7 @@ class PieceStreamer(BaseStreamer):
         ]
         # (stream, row) in the batch's order; a row does not point back to its stream: a cycle
         # kept each sender alive until a garbage collection, and one still alive when the stub
-        # ended crashed it (issue 40)
+        # ended crashed it (README, Known issues)
         self.rows = [(stream, row) for stream in self.streams for row in stream.rows]
         self.decode = decode
         self.eos_ids = eos_ids

@@ -167,7 +167,7 @@ class TritonPythonModel:
             torch.cuda.empty_cache()
         # Triton's stub frees its shared memory before Python's last garbage collection; an
         # object that owns some (a response sender, a request's tensors) freed by that
-        # collection crashes the stub (issue 40). Free such garbage now, and keep what is
+        # collection crashes the stub (README, Known issues). Free such garbage now, and keep what is
         # still alive (this model, dropped next) out of that last collection.
         gc.collect()
         gc.freeze()
