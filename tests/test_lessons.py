@@ -80,7 +80,7 @@ def test_the_lab_judges_every_difference_by_one_rule(ratios, noise, expected):
 
 def test_the_rule_said_to_the_learner_states_the_bar_the_code_applies():
     assert f"x{lessons.GAIN:.2f}" in lessons.NOISE_RULE
-    assert "no round points the other way" in lessons.NOISE_RULE
+    assert "no round pointing the other way" in lessons.NOISE_RULE
 
 
 def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_with_the_reason():

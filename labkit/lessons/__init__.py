@@ -13,9 +13,11 @@ from labkit.lessons.conclusion import (
     NOISE_RULE,
     Conclusion,
     Ratio,
+    Verdict,
     figure_text,
     judge,
     noise_band,
+    verdict_table,
 )
 from labkit.lessons.inflight import inflight_conclusion
 from labkit.lessons.instances import INSTANCES_ACROSS, InstancePrediction, predict_instances
@@ -31,6 +33,7 @@ __all__ = [
     "Conclusion",
     "InstancePrediction",
     "Ratio",
+    "Verdict",
     "Takeaway",
     "batching_conclusion",
     "confirm_winner",
@@ -47,5 +50,6 @@ __all__ = [
     "search_conclusion",
     "search_findings",
     "setup_takeaway",
+    "verdict_table",
     "with_failover",
 ]

@@ -14,17 +14,11 @@ from labkit.errors import ConfigError
 #: The ratio a difference must pass, either way, before any lesson calls it a gain or a loss.
 GAIN = 1.2
 
-#: The lab's one rule for calling a difference, said the same way in every notebook that judges
-#: one (:func:`judge` applies it).
+#: The lab's one rule for calling a difference, in one line; each notebook explains it in markdown
+#: (:func:`judge` applies it, :class:`Verdict` shows it).
 NOISE_RULE = (
-    "How the lab calls a difference, in every notebook: the two sides are measured in turns "
-    "(A B A B ...), so that a host slowing down weighs on both, and each round gives one ratio. "
-    "A difference counts as a gain or a loss only when the median of those ratios is "
-    f"x{GAIN:.2f} or more, or x{1 / GAIN:.2f} or less, and no round points the other way; "
-    "anything else is a tie, within the noise. Where two sides were measured once each instead "
-    "(03's two sweeps, 04's search), the ratio must also pass the spread that same measurement "
-    "showed between two things that cannot differ. This host's speed drifts by up to 2x within "
-    "minutes, and differences under 20% come and go between runs."
+    f"A gain or a loss needs the median of the rounds' ratios at x{GAIN:.2f} or more, or "
+    f"x{1 / GAIN:.2f} or less, and no round pointing the other way; anything else is a tie."
 )
 
 
@@ -63,6 +57,83 @@ def figure_text(value: object) -> str:
     if isinstance(value, float):  # three significant digits: 0.0835, 14.4, 3.58e-06
         return f"{value:.3g}"
     return str(value)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One comparison judged by :func:`judge`: the per-round ratios (new over old, more is
+    better) of a named quantity, and what they add up to.
+
+    A notebook shows verdicts as a table (:func:`verdict_table`) and at most one sentence each
+    (:meth:`sentence`); why a gain, a tie or a loss comes out is the notebook's markdown.
+    """
+
+    comparison: str  # "two instances against one"
+    ratios: tuple[float, ...]
+    of: str  # the quantity: "infer/s", "output tokens/s", ...
+    noise: float = 1.0  # a spread measured between things that cannot differ (>= 1)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
+
+    @property
+    def measured(self) -> tuple[float, ...]:
+        """The rounds that measured both sides (a NaN or a non-positive ratio is left out)."""
+        return tuple(r for r in self.ratios if r == r and r > 0)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.measured) if self.measured else math.nan
+
+    @property
+    def word(self) -> str:
+        """``"gain"``, ``"tie"`` or ``"loss"``."""
+        return judge(self.ratios, noise=self.noise)
+
+    @property
+    def ratio(self) -> Ratio:
+        """The median as a :class:`Ratio`: what ``figures.json`` keeps."""
+        return Ratio(self.median, self.of)
+
+    def spread(self) -> str:
+        """The lowest and highest round, ``"x0.97 to x1.10"`` (one round: its ratio)."""
+        if not self.measured:
+            return "not measured"
+        low, high = min(self.measured), max(self.measured)
+        return f"x{low:.2f}" if len(self.measured) == 1 else f"x{low:.2f} to x{high:.2f}"
+
+    def sentence(self) -> str:
+        """The one computed sentence a verdict gets: the outcome and its number."""
+        if not self.measured:
+            return f"{_capital(self.comparison)}: not measured."
+        rounds = len(self.measured)
+        return (
+            f"{_capital(self.comparison)}: {self.word}, median {self.ratio} over {rounds} "
+            f"round{'s' if rounds != 1 else ''} ({self.spread()})."
+        )
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> pd.DataFrame:
+    """The verdict table every judging notebook shows: one row a comparison, with each round's
+    ratio, their median, their spread and the verdict."""
+    return pd.DataFrame(
+        [
+            {
+                "comparison": v.comparison,
+                "of": v.of,
+                "each round": ", ".join(f"x{r:.2f}" for r in v.ratios if r == r),
+                "median": round(v.median, 2) if v.measured else math.nan,
+                "spread": v.spread(),
+                "verdict": v.word,
+            }
+            for v in verdicts
+        ],
+        columns=["comparison", "of", "each round", "median", "spread", "verdict"],
+    )
 
 
 @dataclass
