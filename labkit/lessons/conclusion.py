@@ -138,20 +138,28 @@ def verdict_table(verdicts: Sequence[Verdict]) -> pd.DataFrame:
 
 @dataclass
 class Conclusion:
-    """A notebook's result: the table it rests on, its headline figures, and the words."""
+    """A notebook's result: the table it rests on, its verdicts, its headline figures and its
+    takeaway. Why a verdict came out as it did is the notebook's markdown, not this object's."""
 
     table: pd.DataFrame
     figures: dict = field(default_factory=dict)
+    #: At most one computed sentence per verdict (:meth:`Verdict.sentence`), else ''.
     text: str = ""
     #: One to three short lines for the notebook's end and the run's index (lessons.Takeaway).
     takeaway: tuple[str, ...] = ()
+    verdicts: tuple[Verdict, ...] = ()
 
     def __str__(self) -> str:
-        return self.text
+        return self.text or "\n".join(v.sentence() for v in self.verdicts)
+
+    def verdict_table(self) -> pd.DataFrame:
+        """:func:`verdict_table` of this conclusion's verdicts."""
+        return verdict_table(self.verdicts)
 
     def _repr_html_(self) -> str:
-        paragraphs = "".join(f"<p>{line}</p>" for line in self.text.split("\n") if line)
-        return paragraphs + self.table.to_html(index=False)
+        paragraphs = "".join(f"<p>{line}</p>" for line in str(self).split("\n") if line)
+        verdicts = self.verdict_table().to_html(index=False) if self.verdicts else ""
+        return paragraphs + verdicts + self.table.to_html(index=False)
 
 
 def judge(ratios: Sequence[float], *, noise: float = 1.0) -> str:
