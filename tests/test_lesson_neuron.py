@@ -1,4 +1,4 @@
-"""Notebook 05's conclusion: its words follow the figures given (constructed results)."""
+"""Notebook 05's verdicts, figures and takeaway from constructed results."""
 
 from __future__ import annotations
 
@@ -33,93 +33,73 @@ def perf(low: list[float], high: list[float], batch: float = 2.5) -> pd.DataFram
     return pd.DataFrame(rows)
 
 
-def test_a_gain_in_every_round_is_a_gain_explained_by_the_batches_and_called_cpu_figures():
+def test_a_gain_in_every_round_is_a_gain_with_its_figures_and_takeaway():
     c = lessons.neuron_conclusion("cpu", comparison(2e-6), perf([100, 110], [250, 260]), CHECKS)
-    assert "add_sub served 255 infer/s with 4 clients in flight against 105 with 1" in c.text
-    assert "(x2.43 infer/s): more clients served more, in each of 2 rounds." in c.text
-    assert (
-        "the dynamic batcher joins them, 2.50 to a call on average (against 1.00 with 1)" in c.text
+    infer, calls = c.verdicts
+    assert (infer.word, infer.of, infer.ratios) == ("gain", "infer/s", (2.5, 260 / 110))
+    # calls a second: requests a second over requests per call (250 / 2.5 against 100 / 1)
+    assert (calls.of, calls.ratios) == ("calls a second", (1.0, 104 / 110)) and calls.word == "tie"
+    assert list(c.verdict_table()["verdict"]) == ["gain", "tie"]
+    assert c.figures["throughput_with_4_clients_against_1"] == lessons.Ratio(
+        infer.median, "infer/s"
     )
-    # x2.43 = x2.50 per call times x0.97 calls a second (255 / 2.5 = 102 against 105)
-    assert "x2.43 in requests a second is x2.50 in requests per call times x0.97" in c.text
-    assert (
-        "(102 against 105): the calls ran about as often as with one client, each answering more"
-        in c.text
-    )
-    assert "These are CPU figures, not Inferentia's" in c.text
-    assert "both models answer as in-process PyTorch does" in c.text
-    assert "the largest difference is 2.0e-06, float rounding (the limit is 0.001)" in c.text
-    exact = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100, 110], [250, 260]), CHECKS)
-    assert "the largest difference is none at all: on the CPU stand-in the compiled model" in (
-        exact.text
-    )
-    assert "checks the serving (inputs, outputs, batching) more than the compiler" in exact.text
-    assert exact.takeaway[0].endswith(
-        "PyTorch does to the last bit, on the CPU stand-in of the compiler."
-    )
-    assert c.takeaway[0].endswith("(largest difference 2.0e-06).")
-    assert c.figures["throughput_with_4_clients_against_1"] == lessons.Ratio(255 / 105, "infer/s")
-    assert c.figures["throughput_infer_s_c1"] == 105 and len(c.figures) <= 6
+    assert c.figures["throughput_infer_s_c1"] == 105 and c.figures["throughput_infer_s_c4"] == 255
+    assert c.figures["largest_difference_from_PyTorch"] == 2e-6 and len(c.figures) == 6
+    assert str(c).splitlines()[0].startswith("4 clients in flight against 1: gain, median x2.43")
+    assert "2.0e-06" in c.takeaway[0] and "CPU" in c.takeaway[0]
     assert c.takeaway[1] == (
-        "4 clients in flight against 1 gave x2.43 infer/s (255 against 105 on average, more in "
-        "each of 2 rounds), as Triton batched their requests (2.50 a call); a CPU figure, not Inferentia's."
+        "4 clients in flight against 1: gain, x2.43 infer/s, 2.50 requests per call against 1.00."
     )
-    assert sentence_count(c.takeaway) == 3
+    assert c.takeaway[2].startswith("2 checks") and sentence_count(c.takeaway) == 3
 
 
-def test_a_gain_beyond_the_batch_is_said_to_come_from_calls_back_to_back():
-    # the run's figures: 1463 infer/s at 1 client, 3764 at 4 with 1.99 requests per call
+def test_the_run_s_own_figures_give_more_calls_a_second_as_well_as_bigger_calls():
+    # 1463 infer/s at 1 client, 3764 at 4 with 1.99 requests per call: x1.29 calls a second
     c = lessons.neuron_conclusion(
         "cpu", comparison(2e-6), perf([1461, 1465], [3792, 3736], batch=1.99), CHECKS
     )
-    assert "joins them, 1.99 to a call on average (against 1.00 with 1)" in c.text
-    assert (
-        "The x2.57 in requests a second is x1.99 in requests per call times x1.29 in calls a "
-        "second (1891 against 1463): with a request always waiting" in c.text
-    )
-    assert c.takeaway[1] == (
-        "4 clients in flight against 1 gave x2.57 infer/s (3764 against 1463 on average, more in "
-        "each of 2 rounds), as Triton batched their requests (1.99 a call) and ran x1.29 as many calls a "
-        "second, back to back; a CPU figure, not Inferentia's."
-    )
-    assert sentence_count(c.takeaway) == 3
+    assert [(v.word, round(v.median, 2)) for v in c.verdicts] == [("gain", 2.57), ("gain", 1.29)]
 
 
-def test_a_round_the_other_way_is_within_the_noise_even_past_the_gain_threshold():
+def test_a_round_the_other_way_is_a_tie_even_past_the_gain_threshold():
     # round by round: x2.80, then x0.97 (the host slowed between the two levels of round 1)
     c = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100, 300], [280, 290]), CHECKS)
-    assert c.figures["throughput_with_4_clients_against_1"].value > lessons.GAIN
-    assert "within the noise, by the lab's rule" in c.text
-    assert "more clients served more" not in c.text and "within the noise" in c.takeaway[1]
+    assert c.verdicts[0].median > lessons.GAIN and c.verdicts[0].word == "tie"
+    assert ": tie, x" in c.takeaway[1]
 
 
-def test_a_tie_is_within_the_noise_not_a_gain():
-    c = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100], [110]), CHECKS)
-    assert "(x1.10 infer/s): within the noise" in c.text
-    assert "served more" not in c.text and "served less" not in c.text
+@pytest.mark.parametrize(
+    ("low", "high", "word"),
+    [
+        ([100], [110], "tie"),
+        ([100], [119], "tie"),
+        ([100], [120], "gain"),
+        ([100, 98], [60, 61], "loss"),
+    ],
+)
+def test_the_verdict_on_requests_a_second_at_its_edges(low, high, word):
+    assert (
+        lessons.neuron_conclusion("cpu", comparison(0.0), perf(low, high), CHECKS).verdicts[0].word
+        == word
+    )
 
 
-def test_a_loss_in_every_round_is_called_a_loss():
-    c = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100, 98], [60, 61]), CHECKS)
-    assert "more clients served less, in each of 2 rounds; they only queued." in c.text
-    assert "a loss" in c.takeaway[1]
+def test_without_requests_per_call_only_requests_a_second_is_judged():
+    sweep = perf([100], [250]).drop(columns=["avg_batch_size", "round"])
+    c = lessons.neuron_conclusion("cpu", comparison(0.0), sweep, CHECKS)
+    assert [v.of for v in c.verdicts] == ["infer/s"] and "per call" not in c.takeaway[1]
+    assert c.table["requests per call"].tolist() == ["", ""]
 
 
-def test_without_joined_requests_the_why_is_the_overlapped_round_trip():
-    c = lessons.neuron_conclusion("cpu", comparison(0.0), perf([100], [250], batch=1.0), CHECKS)
-    assert "those trips overlap" in c.text and "batcher joins them" not in c.text
-    assert "batched their requests" not in c.takeaway[1]
-
-
-def test_on_a_neuron_target_the_words_say_neuroncores_and_drop_the_cpu_caveat():
+def test_on_a_neuron_target_the_takeaway_names_the_neuroncores_and_exact_answers():
     c = lessons.neuron_conclusion("inf2", comparison(0.0), perf([100], [300]), CHECKS)
-    assert "on inf2 NeuronCores" in c.text and "CPU figures" not in c.text
-    assert "CPU figure" not in " ".join(c.takeaway)
+    assert "inf2 NeuronCores" in c.takeaway[0] and "CPU" not in " ".join(c.takeaway)
+    assert "same numbers" in c.takeaway[0] and c.figures["compile_target"] == "inf2"
 
 
-def test_answers_off_by_more_than_the_tolerance_are_called_different():
+def test_answers_off_by_more_than_the_tolerance_show_their_difference():
     c = lessons.neuron_conclusion("cpu", comparison(0.5), perf([100], [300]), CHECKS)
-    assert "differ from in-process PyTorch by up to 5.0e-01" in c.text
+    assert "5.0e-01" in c.takeaway[0]
     assert c.figures["largest_difference_from_PyTorch"] == 0.5
 
 
