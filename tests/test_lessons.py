@@ -1,6 +1,6 @@
-"""The conclusions notebook 04 prints (03's are in test_lesson_batching.py): their figures come from
-the measurements given, and their words follow those figures (a loss is never called a gain, a tie
-never a win, and a verdict counts only when every round agrees)."""
+"""Notebook 04's figures and verdicts (03's are in test_lesson_batching.py): they come from the
+measurements given, a verdict counts only when the rounds agree, and the takeaway names each
+verdict with its number."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ def in_rounds(per_round: dict[str, list[float]], batch=None, ms=None) -> pd.Data
 def test_one_round_gives_no_verdict():
     with pytest.raises(ConfigError, match="two or more rounds"):
         lessons.analyzer.verdict([1.5])
+    with pytest.raises(ConfigError, match="two or more rounds"):
+        lessons.analyzer.verdict([1.5, float("nan")])
 
 
 @pytest.mark.parametrize(
@@ -80,208 +82,124 @@ def test_the_lab_judges_every_difference_by_one_rule(ratios, noise, expected):
 
 def test_the_rule_said_to_the_learner_states_the_bar_the_code_applies():
     assert f"x{lessons.GAIN:.2f}" in lessons.NOISE_RULE
-    assert "no round pointing the other way" in lessons.NOISE_RULE
+    assert f"x{1 / lessons.GAIN:.2f}" in lessons.NOISE_RULE
 
 
-def test_a_max_batch_size_the_clients_never_fill_ties_and_two_instances_lose_with_the_reason():
+def test_the_rule_reads_the_median_as_the_learner_does_to_two_decimals():
+    # 1.26, 1.198, 1.02: shown as x1.20, so judged as x1.20, not a tie beside it
+    assert lessons.judge([1.26, 1.198, 1.02]) == "gain"
+    assert lessons.judge([1.26, 1.194, 1.02]) == "tie"  # shown as x1.19
+    assert lessons.judge([0.7, 0.834, 0.9]) == "loss"  # shown as x0.83
+
+
+def test_each_configuration_gets_a_verdict_of_its_rounds_the_pick_first():
     rounds = in_rounds(
         {"d": [6.0, 5.8, 6.2], "w": [5.9, 6.1, 6.0], "two": [3.8, 3.5, 4.1]},
         batch={"two": 1.6},
         ms={"two": 700.0},
     )
-    conclusion = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2)
-    said = conclusion.text
-    assert (
-        "w (max batch size 8 -> 4), Model Analyzer's winner, gave x0.98 infer/s against the "
-        "default (x0.97 to x1.05 over 3 rounds): a tie" in said
-    )
-    assert "4 clients never send more requests at once than either max batch size allows" in said
-    assert "two (2 instances) gave x0.63 infer/s against the default (x0.60 to x0.66" in said
-    assert "slower in every round" in said
-    # the shared explanation of instances, from the default's requests per execution
-    assert "keeps 1 of the 2 cores busy" in said and "2.4 requests per execution" in said
-    assert "took 700 ms with 2 instances against 340 ms with 1" in said
-    assert "shared the cores" in said
+    conclusion = lessons.confirm_winner(rounds, search(), "two")
+    pick, batch = conclusion.verdicts
+    assert pick.comparison.startswith("2 instances") and "pick" in pick.comparison
+    assert [round(r, 2) for r in pick.ratios] == [0.63, 0.6, 0.66]
+    assert (round(pick.median, 2), pick.word) == (0.63, "loss")
+    assert (round(batch.median, 2), batch.word, batch.spread()) == (0.98, "tie", "x0.97 to x1.05")
     figures = conclusion.figures
-    assert figures["verdicts"] == {"max batch size 4": "tie", "2 instances": "loss"}
-    assert str(figures["2_instances_against_default"]) == "x0.63 infer/s"
-    assert str(figures["max_batch_size_4_against_default"]) == "x0.98 infer/s"
-    assert (
-        str(figures["spread between configurations that cannot differ"]) == "x1.07 infer/s"
-    )  # w and d cannot differ here
-    assert len(figures) <= 6
-    assert conclusion.takeaway == (
-        "A max batch size of 4 tied with the default's 8 (x0.97 to x1.05 over 3 rounds): 4 "
-        "clients never exceed either.",
-        "Two instances lost (x0.63 infer/s): their executions took x2.06 as long as one "
-        "instance's, so they shared the cores instead of each having one.",
-        "Model Analyzer picked max batch size 8 -> 4 from one measurement of each "
-        "configuration (configurations that cannot differ here measured up to x1.07 apart): a "
-        "search's pick holds for the cores and the load it was measured with, so measure it "
-        "again, in turns, where you will deploy it.",
-    )
-    assert sentence_count(conclusion.takeaway) == 3
-    # the rounds' server on one core, the search's on every core: the takeaway says both
-    pinned = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
-    assert pinned.takeaway[1].startswith("Two instances made x0.")
-    assert pinned.takeaway[1].endswith(
-        "against the default in the search, where the server could use every core, and lost "
-        "(x0.63 infer/s) measured again with the server on one core: an instance gains only "
-        "where a core is idle."
-    )
-    assert sentence_count(pinned.takeaway) == 3
-    # a search whose default measured low: two instances' lead there is within the search's noise
-    noisy = lessons.confirm_winner(rounds, search(default_tput=5.0), "w", threads=1, cores=1)
-    assert noisy.takeaway[1].startswith(
-        "Two instances made x1.18 infer/s against the default in the search, within its noise "
-        "(x1.63 between configurations that cannot differ), and lost"
-    )
-    shown = said + conclusion.table.to_string() + " ".join(conclusion.table.columns)
+    assert figures["verdicts"] == {"2 instances": "loss", "max batch size 8 -> 4": "tie"}
+    assert str(figures["2 instances against the default"]) == "x0.63 infer/s"
+    assert str(figures["max batch size 8 -> 4 against the default"]) == "x0.98 infer/s"
+    assert figures["Model Analyzer's pick"] == "2 instances"
+    assert str(figures["its lead over the default in the search"]) == "x0.78 infer/s"
+    # w and d differ only in a max batch size that 4 clients never fill: the search's noise
+    assert str(figures["spread between configurations that cannot differ"]) == "x1.07 infer/s"
+    table = conclusion.table
+    assert list(table["configuration"]) == ["d", "two", "w"]  # the reference, then the pick
+    assert list(
+        table.loc[1, ["requests per execution", "compute of each request's batch (ms)"]]
+    ) == [
+        1.6,
+        700,
+    ]
+    assert table.loc[1, "infer/s, each round"] == "3.80, 3.50, 4.10"
+    assert list(conclusion.verdict_table()["verdict"]) == ["loss", "tie"]
+    shown = str(conclusion) + conclusion.table.to_string() + conclusion.verdict_table().to_string()
     assert "_vs_" not in shown and "Ratio(" not in shown
-    assert list(conclusion.table["configuration"]) == ["d", "w", "two"]  # the reference first
 
 
-def test_the_words_follow_the_settings_not_which_configuration_model_analyzer_ranked_first():
-    rounds = in_rounds({"d": [6.0, 5.8], "w": [5.9, 6.1], "two": [3.8, 3.5]})
-    first = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2)
-    # the same measurements, with the search's noise ranking the 2 instances first
-    table = search().set_index("config").loc[["two", "w", "d"]].reset_index()
-    second = lessons.confirm_winner(rounds, table.assign(rank=[1, 2, 3]), "two", threads=1, cores=2)
-    assert first.takeaway[:2] == second.takeaway[:2]
-    assert first.figures["verdicts"] == second.figures["verdicts"]
-    assert second.takeaway[2].startswith("Model Analyzer picked 2 instances")
-    assert "two (2 instances), Model Analyzer's winner, gave x0.62 infer/s" in second.text
-
-
-def test_two_instances_that_change_the_max_batch_size_too_say_so_in_the_takeaway():
-    both = search()
-    both.loc[both["config"] == "two", ["change", "max_batch_size"]] = (
-        "max batch size 8 -> 4, 2 instances",
-        4,
-    )
-    rounds = in_rounds({"d": [6.0, 5.8, 6.2], "w": [5.9, 6.1, 6.0], "two": [3.8, 3.5, 4.1]})
-    pinned = lessons.confirm_winner(rounds, both, "w", threads=1, cores=1)
-    assert pinned.takeaway[1].startswith("Two instances (with max batch size 8 -> 4 too) made x0.")
-    alone = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
-    assert alone.takeaway[1].startswith("Two instances made x0.")  # one change: nothing to add
-
-
-def test_two_instances_that_each_had_a_core_gain_and_the_words_say_why():
-    # an idle host: each instance ran its executions as fast as one instance did (measured
-    # here: 11.3 infer/s against 7.3, executions of 254 ms against 265, 1.5 requests against 2.0)
-    rounds = in_rounds(
-        {"d": [7.3, 7.5], "two": [11.3, 11.0]}, batch={"d": 2.0, "two": 1.5}, ms={"two": 254.0}
-    )
-    conclusion = lessons.confirm_winner(rounds, search(), "d", threads=1, cores=2)
-    assert conclusion.figures["verdicts"] == {"2 instances": "gain"}
-    assert conclusion.takeaway[0] == (
-        "Two instances gained (x1.51 infer/s): each ran its executions about as fast as one "
-        "instance, on a core of its own, with fewer requests in each."
-    )
-    assert "254 ms with 2 instances against 340 ms with 1: each instance had a core" in (
-        conclusion.text
-    )
-
-
-def test_two_instances_that_had_a_core_each_in_the_search_but_not_in_the_rounds_say_so():
-    rounds = in_rounds({"d": [7.6, 7.8], "two": [6.1, 6.7]}, ms={"two": 470.0})
-    table = search().assign(throughput=[7.4, 7.3, 11.3], compute_infer_ms=[270.0, 265.0, 254.0])
-    said = lessons.confirm_winner(rounds, table, "d", threads=1, cores=2).text
-    assert "470 ms with 2 instances against 340 ms with 1: the instances' threads shared" in said
+@pytest.mark.parametrize(
+    ("winner_runs", "word", "median"),
+    [([6.2, 6.1], "gain", "x1.23"), ([5.1, 4.8], "tie", "x0.99"), ([4.0, 4.1], "loss", "x0.81")],
+    ids=["gain", "tie", "loss"],
+)
+def test_the_takeaway_names_the_pick_and_each_verdict_with_its_number(winner_runs, word, median):
+    rounds = in_rounds({"d": [5.0, 5.0], "w": winner_runs, "two": [3.0, 3.1]})
+    takeaway = lessons.confirm_winner(rounds, search(), "w").takeaway
+    assert len(takeaway) == 3 and sentence_count(takeaway) == 3
+    assert takeaway[0].startswith("Model Analyzer picked max batch size 8 -> 4")
+    assert "x1.07 infer/s" in takeaway[0]  # its lead in the search, one measurement each
     assert (
-        "In the search it was the other way (254 against 265 ms, x1.55 infer/s): the second "
-        "core was free then and busy during the rounds, so more instances gain only where a "
-        "core is really idle." in said
+        takeaway[1].startswith("Max batch size 8 -> 4")
+        and f"{word}, median {median}" in takeaway[1]
     )
-    pinned = lessons.confirm_winner(rounds, table, "d", threads=1, cores=1).text
-    assert (
-        "(254 against 265 ms, x1.55 infer/s): the search's server could use a second core, the "
-        "rounds' had one, so more instances gain only where a core is really idle." in pinned
-    )
+    assert takeaway[2].startswith("2 instances") and "loss, median x0.61" in takeaway[2]
+    assert lessons.Takeaway.of(lessons.confirm_winner(rounds, search(), "w")).lines == takeaway
 
 
-def test_a_configuration_faster_in_every_round_beyond_the_bar_is_a_gain_and_within_it_a_tie():
+def test_a_gain_needs_every_round_and_the_median_beyond_the_bar():
     gain = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.2, 6.0]}), search(), "w")
-    assert gain.figures["verdicts"] == {"max batch size 4": "gain"}
-    assert "faster in every round" in gain.text
-    assert "tied" not in gain.takeaway[0]
+    assert gain.figures["verdicts"] == {"max batch size 8 -> 4": "gain"}
     # faster in both rounds, but the median (x1.12) within x1.20: a tie
     tie = lessons.confirm_winner(in_rounds({"d": [5.0, 5.0], "w": [6.0, 5.2]}), search(), "w")
-    assert tie.figures["verdicts"] == {"max batch size 4": "tie"}
+    assert tie.figures["verdicts"] == {"max batch size 8 -> 4": "tie"}
     # the median beyond x1.20, one round slower: not agreed, a tie
     split = in_rounds({"d": [5.0, 5.0, 5.0], "w": [6.5, 6.5, 4.9]})
     assert lessons.confirm_winner(split, search(), "w").figures["verdicts"] == {
-        "max batch size 4": "tie"
+        "max batch size 8 -> 4": "tie"
     }
 
 
-def test_the_search_and_the_rounds_are_set_side_by_side_with_the_time_of_one_execution():
-    drifted = lessons.confirm_winner(
-        in_rounds({"d": [5.7, 5.9], "w": [5.8, 5.8]}), search(default_tput=7.6), "w"
-    )
-    assert "The search measured the default at 7.60 infer/s, the rounds at 5.80" in drifted.text
-    assert "took 340 ms against 340 ms, at another moment of a host whose speed drifts" in (
-        drifted.text
-    )
-    on_one_core = lessons.confirm_winner(
-        in_rounds({"d": [5.7, 5.9], "w": [5.8, 5.8]}), search(default_tput=7.6), "w", cores=1
-    ).text
-    assert "the search's server could use every core of this host and the rounds' 1" in on_one_core
-    assert "this run cannot tell apart" in on_one_core and "another speed then" not in on_one_core
-    agreed = lessons.confirm_winner(
-        in_rounds({"d": [7.5, 7.7], "w": [7.4, 7.8]}), search(default_tput=7.6), "w"
-    )
-    assert "agrees with the rounds'" in agreed.text
-    assert "stayed within 7.50 to 7.70 infer/s across the rounds." in agreed.text
-    busy = lessons.confirm_winner(in_rounds({"d": [7.2, 4.1], "w": [8.0, 3.4]}), search(), "w")
-    assert "ranged from 4.10 to 7.20 infer/s across the rounds (x1.76)" in busy.text
+def test_a_round_where_the_default_was_not_measured_is_left_out():
+    rounds = in_rounds({"d": [5.0, 5.0, 5.0], "w": [6.2, 6.1, 6.3]})
+    rounds = rounds[~((rounds["config"] == "d") & (rounds["round"] == 2))]
+    (said,) = lessons.confirm_winner(rounds, search(), "w").verdicts
+    assert said.measured == pytest.approx((1.24, 1.26)) and said.word == "gain"
 
 
 def test_a_winner_with_the_defaults_own_settings_is_measured_by_the_default():
     rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
-    conclusion = lessons.confirm_winner(rounds, search(twin=9.0), "twin", threads=1, cores=2)
-    assert conclusion.takeaway[2].startswith(
-        "Model Analyzer picked a configuration with the default's own settings, that is: keep "
-        "the default, from one measurement"
-    )
-    assert conclusion.figures["Model Analyzer's pick"] == "the default's settings"
-
-
-def test_a_search_that_kept_the_default_says_so():
-    rounds = in_rounds({"d": [6.0, 6.1], "w": [6.0, 5.9], "two": [3.5, 3.6]})
-    conclusion = lessons.confirm_winner(rounds, search(), "d", threads=1, cores=2)
-    assert conclusion.takeaway[2].startswith("Model Analyzer ranked the default first from one")
+    conclusion = lessons.confirm_winner(rounds, search(twin=9.0), "twin")
+    assert conclusion.figures["Model Analyzer's pick"] == "the default's own settings"
+    assert "pick" not in " ".join(v.comparison for v in conclusion.verdicts)
+    kept = lessons.confirm_winner(rounds, search(), "d")
+    assert kept.figures["Model Analyzer's pick"] == "the default"
+    assert kept.takeaway[0].startswith("Model Analyzer ranked the default first")
 
 
 def test_the_rounds_must_measure_the_default_and_the_winner():
-    with pytest.raises(ConfigError, match="they lack d"):
+    with pytest.raises(ConfigError, match="they lack .'d'"):
         lessons.confirm_winner(in_rounds({"w": [6.0, 6.1]}), search(), "w")
-    with pytest.raises(ConfigError, match="they lack w"):
+    with pytest.raises(ConfigError, match="they lack .'w'"):
         lessons.confirm_winner(in_rounds({"d": [6.0, 6.1]}), search(), "w")
+    with pytest.raises(ConfigError, match="analyzer.ranked"):
+        lessons.search_figures(search().drop(columns="compute_infer_ms"))
 
 
-def test_the_search_findings_give_each_instance_count_the_mechanism_its_noise_and_the_pick():
-    said = lessons.search_findings(search(), threads=1, cores=2)
-    assert "measured 7.60 to 8.16 infer/s with 1 instance (w, d), and 5.90 infer/s with 2" in said
-    assert "A max batch size of 4 or 8 makes no difference here" in said
-    # w and d differ only in a max batch size the clients never fill: the search's noise
-    assert "differ only in it, or not at all, measured up to x1.07 apart" in said
-    assert "2.4 requests per execution" in said and "less than 2x" in said
-    # what the search itself shows: did the 2 instances each have a core?
-    assert (
-        "Measured in the search (two): the execution a request ran in took 700 ms with 2 instances"
-        in said
-    )
-    assert "shared the cores" in said
-    assert (
-        "ranked w (max batch size 8 -> 4) first: 8.16 infer/s against the default's 7.60 "
-        "(x1.07 infer/s)" in said
-    )
+def test_the_search_figures_give_the_pick_its_lead_and_the_noise():
+    figures = lessons.search_figures(search())
+    assert figures["Model Analyzer's pick"] == "max batch size 8 -> 4"
+    assert str(figures["its lead over the default in the search"]) == "x1.07 infer/s"
+    assert str(figures["spread between configurations that cannot differ"]) == "x1.07 infer/s"
+    # a max batch size of 2 under 4 clients can matter: the noise is the default's twin alone
+    twin = lessons.search_figures(search(winner_batch=2, twin=7.7))
+    assert str(twin["spread between configurations that cannot differ"]) == "x1.01 infer/s"
 
 
 def test_the_search_noise_is_none_where_nothing_measured_cannot_differ():
     one_size = search(winner_change="2 instances", winner_batch=8).assign(instances=[2, 1, 2])
     assert lessons.analyzer.search_noise(one_size) is None
+    assert lessons.search_figures(one_size)["spread between configurations that cannot differ"] == (
+        "none searched"
+    )
     assert lessons.analyzer.search_noise(
         one_size.assign(change=["none", "none", "2 instances"], instances=[1, 1, 2])
     ) == pytest.approx(8.16 / 7.6)
@@ -300,50 +218,3 @@ def test_a_ratio_reads_the_same_in_words_in_figures_json_and_in_the_index(tmp_pa
     assert [figure_text(v) for v in (0.08351, 14.354, 3.576e-06)] == ["0.0835", "14.4", "3.58e-06"]
     assert [figure_text(v) for v in (1473.8, 39321.5)] == ["1474", "39322"]  # never 1.47e+03
     assert math.isnan(Ratio.between(1.0, 0.0, "infer/s").value)
-
-
-def test_a_pick_that_led_beyond_the_search_noise_is_not_called_noise():
-    rounds = in_rounds({"d": [6.0, 6.1], "w": [6.4, 6.5], "two": [3.5, 3.6]})
-    # a max batch size of 2 under 4 clients can matter: the noise is the default's twin alone
-    said = lessons.confirm_winner(rounds, search(winner_batch=2, twin=7.7), "w", threads=1)
-    assert said.takeaway[2].startswith(
-        "Model Analyzer picked max batch size 8 -> 4 from one measurement of each configuration, "
-        "x1.07 ahead of the default, beyond the x1.01 between configurations that cannot differ "
-        "here: a search's pick holds"
-    )
-
-
-def test_the_rule_reads_the_median_as_the_learner_does_to_two_decimals():
-    # 1.26, 1.198, 1.02: shown as x1.20, so judged as x1.20, not a tie beside it
-    assert lessons.judge([1.26, 1.198, 1.02]) == "gain"
-    assert lessons.judge([1.26, 1.194, 1.02]) == "tie"  # shown as x1.19
-    assert lessons.judge([0.7, 0.834, 0.9]) == "loss"  # shown as x0.83
-
-
-def test_a_max_batch_size_that_cannot_matter_yet_gains_is_explained_by_its_batches():
-    rounds = in_rounds(
-        {"d": [6.99, 6.82, 7.16], "w": [8.79, 8.18, 7.33]}, batch={"w": 2.6, "d": 2.0}
-    )
-    conclusion = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=1)
-    assert conclusion.figures["verdicts"] == {"max batch size 4": "gain"}
-    assert "so the limit did not cause it: its executions carried 2.6 requests each against the " \
-        "default's 2.0" in conclusion.text  # fmt: skip
-    assert conclusion.takeaway[0].endswith("its executions carried 2.6 requests against 2.0.")
-    same = in_rounds({"d": [6.99, 6.82, 7.16], "w": [8.79, 8.18, 7.33]}, batch={"w": 2.0, "d": 2.0})
-    assert "measure it again" in lessons.confirm_winner(same, search(), "w").text
-
-
-def test_the_rounds_table_leads_each_verdict_with_the_word_the_index_shows():
-    rounds = in_rounds({"d": [5.0, 5.0], "w": [5.1, 4.9], "two": [3.0, 3.1]})
-    table = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2).table
-    verdicts = dict(zip(table["configuration"], table["verdict"], strict=True))
-    assert verdicts == {"d": "the reference", "w": "tie: within the noise",
-                        "two": "loss: slower in every round"}  # fmt: skip
-
-
-def test_a_searched_configuration_with_the_defaults_settings_is_said_to_be_one():
-    table = search()
-    table.loc[table["config"] == "w", "change"] = "none"
-    said = lessons.search_findings(table)
-    assert "w has the default's own settings: Model Analyzer's search reaches" in said
-    assert "has the default's own settings" not in lessons.search_findings(search())

@@ -1,44 +1,32 @@
-"""One explanation of model instances on a CPU, shared by notebooks 04 and 07.
+"""What the thread budget predicts for more model instances on a CPU, as numbers.
 
-On a CPU an extra instance brings no new hardware: it is one more copy of the model whose torch
-threads share the same cores. So it can only gain by putting to work a core that one instance
-leaves idle, and only where that one instance cannot already use it. Two things decide that:
-
-- the **thread budget**: each instance runs ``threads`` torch threads, so ``k`` instances can
-  keep ``min(k * threads, cores)`` cores busy;
-- **batching**: an instance that already runs several requests in one ``execute`` (dynamic
-  batching, ``batch`` requests per call on average) spends its core on all of them at once. A
-  second instance then splits those batches in two and its threads take turns with the client's
-  on the same cores.
-
-04 searches a batching model (two instances gain less than 2x on a free host, and lose where
-other work takes the second core), 07 measures a model that does not batch (two instances gain): :func:`predict_instances` says which to expect from the same three numbers in both.
+``k`` instances of ``threads`` torch threads each can keep ``min(k * threads, cores)`` cores
+busy. A second instance can only gain by using a core one instance leaves idle, and where one
+instance already runs several requests per execution it splits those batches. Why, and what a
+gain, a tie or a loss then means, is each notebook's markdown (04, 07, 08).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pandas as pd
+
 from labkit.errors import ConfigError
 
-#: One paragraph, the same in notebooks 04, 07 and 08, that ties their instance figures together.
+#: One line that notebooks may print beside their instance figures.
 INSTANCES_ACROSS = (
-    "Instances, the same rule in notebooks 04, 07 and 08: on a CPU a second instance brings no "
-    "new hardware, only a second copy of the model whose torch threads can use a core the first "
-    "leaves idle. The lab gives each instance its thread budget (the cores less one, shared "
-    "among the instances, at least 1), so on 2 cores one instance keeps one core busy and "
-    "leaves the other to the client, the server's own threads and any other step, which wait "
-    "most of the time while a long call runs. So a second instance gains where each call is "
-    "long and that core is idle (07's generations of 64 tokens, 08's long texts, 04's search "
-    "on both cores), up to about 2x, as much as that core was idle; on a host where other work takes "
-    "that core, it gains nothing; and it loses where there is no idle core at all: 04's "
-    "rounds, whose server has one core."
+    "Instances on a CPU: a second instance gains only where a core is idle, up to about 2x on "
+    "2 cores, less where one instance already runs batches, and nothing where no core is idle."
 )
+
+#: A request count per execution from which one instance counts as batching.
+BATCHING = 1.5
 
 
 @dataclass(frozen=True)
 class InstancePrediction:
-    """What ``instances`` instances should do against one, and the sentence that says why."""
+    """What ``instances`` instances should do against one, from the thread budget."""
 
     instances: int
     threads: int
@@ -52,6 +40,11 @@ class InstancePrediction:
     def __str__(self) -> str:
         return self.text
 
+    @property
+    def ceiling(self) -> float:
+        """The most the idle cores allow: busy cores with ``instances`` over with one."""
+        return self.busy_many / self.busy_one
+
 
 def predict_instances(
     *, instances: int, threads: int, cores: int, batch: float = 1.0
@@ -64,36 +57,32 @@ def predict_instances(
             f"instances={instances}, threads={threads}, cores={cores}, batch={batch}"
         )
     busy_one, busy_many = min(threads, cores), min(instances * threads, cores)
-    held = (
-        f"one instance already keeps the server's one core busy, and {instances} share that core"
-        if cores == 1
-        else f"one instance keeps {busy_one} of the {cores} cores busy and {instances} keep "
-        f"{busy_many}"
-    )
-    budget = f"Each instance runs {threads} torch thread{'s' if threads > 1 else ''}, so {held}."
+    batching = batch >= BATCHING
     if busy_many <= busy_one:
-        why = "No core is left idle for another instance to use, so expect no gain" + (
-            f"; and as one instance already runs {batch:.1f} requests per execution, a second "
-            "splits those batches between two copies that take turns on the same cores: expect "
-            "a loss."
-            if batch >= 1.5
-            else "."
-        )
-        expect = "loss" if batch >= 1.5 else "no gain"
-    elif batch >= 1.5:
-        why = (
-            f"But one instance already runs {batch:.1f} requests per execution, so a second "
-            "splits those batches: it gains only while that core is really free, and less than "
-            f"{busy_many / busy_one:.0f}x, as each execution then serves fewer requests; where "
-            "other work takes the core, it loses."
-        )
-        expect = "smaller gain"
+        expect = "loss" if batching else "no gain"
     else:
-        why = (
-            "One instance runs one request at a time and leaves a core idle; a second puts that "
-            f"core to work: expect up to about {busy_many / busy_one:.0f}x the requests per second."
-        )
-        expect = "gain"
+        expect = "smaller gain" if batching else "gain"
+    ceiling = f"up to about {busy_many / busy_one:.0f}x" if busy_many > busy_one else "no idle core"
+    text = (
+        f"{threads} torch thread{'s' if threads > 1 else ''} each on {cores} "
+        f"core{'s' if cores > 1 else ''}: 1 instance keeps {busy_one} busy, {instances} keep "
+        f"{busy_many} ({ceiling}); {batch:.1f} requests per execution: expect {expect}."
+    )
     return InstancePrediction(
-        instances, threads, cores, busy_one, busy_many, float(batch), expect, f"{budget} {why}"
+        instances, threads, cores, busy_one, busy_many, float(batch), expect, text
+    )
+
+
+def prediction_table(predictions: list[InstancePrediction]) -> pd.DataFrame:
+    """The predictions side by side: one row each, the thread budget's numbers."""
+    return pd.DataFrame(
+        {
+            "server's cores": p.cores,
+            "torch threads per instance": p.threads,
+            "cores busy, 1 instance": p.busy_one,
+            f"cores busy, {p.instances} instances": p.busy_many,
+            "requests per execution, 1 instance": round(p.batch, 1),
+            "expect": p.expect,
+        }
+        for p in predictions
     )
