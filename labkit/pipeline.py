@@ -16,8 +16,9 @@ passages it ranked), streaming the answer back; :func:`ask` and :func:`ask_from_
 and the same steps from the client.
 
 This module measures what a learner asks of them: whether the two answer alike
-(:func:`compare_embeddings`), what the ensemble costs and what a second encoder instance buys
-(:func:`ensemble_rounds`, perf_analyzer in alternating rounds), and what the response cache does
+(:func:`compare_embeddings`), what the ensemble costs against the single model served alike
+(:func:`match_encoder`), and what a second instance buys (:func:`ensemble_rounds`, perf_analyzer
+in alternating rounds), and what the response cache does
 (:func:`hit_and_miss_rounds`, :func:`fill_cache`, and the server's own counters in
 :func:`labkit.profiling.cache_metrics`).
 """
@@ -49,7 +50,7 @@ from labkit.repository import (
     diff_configs,
     prepare_run_repository,
 )
-from labkit.server import TritonServer, reload, served_config, serving
+from labkit.server import TritonServer, served_config, serving
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,13 @@ ENCODER = "minilm_encode"
 CACHED = "minilm_cached"
 #: ``minilm_pipeline`` with the response cache on: the ensemble's answer cached whole, at its door.
 PIPELINE_CACHED = "minilm_pipeline_cached"
+#: ``minilm`` served as the ensemble's encoder step is: its instances and its batching (see
+#: :func:`match_encoder`), so that the two differ only by the split into steps.
+MATCHED = "minilm_2"
 #: What a notebook loads: the single model and the ensemble (which brings its two steps).
 MODELS = [SINGLE, PIPELINE]
 #: How a measurement names each way of serving MiniLM.
-LABELS = {SINGLE: "one model", PIPELINE: "ensemble"}
+LABELS = {SINGLE: "one model", MATCHED: "one model, as the encoder step", PIPELINE: "ensemble"}
 
 _SUBJECTS = ["the station", "our bakery", "the museum", "bus line 4", "the library", "the park"]
 _VERBS = ["opens", "closes", "has trains", "sells bread", "gets busy", "is quiet"]
@@ -110,10 +114,27 @@ def add_cached_twin(repository: Repository, model: str = SINGLE, name: str = CAC
     return diff_configs(before, repository.config(name), f"{model} -> {name}")
 
 
-def set_instances(server: TritonServer, repository: Repository, model: str, count: int) -> str:
-    """Serve ``count`` instances of ``model`` (reloaded live, warmed); the diff written."""
-    cfg = apply_edits(repository.config(model), instance_count=count)
-    return reload(server, model, cfg, repository=repository)
+def match_encoder(repository: Repository, instances: int = 2) -> str:
+    """Serve the single model and the ensemble's encoder step alike, before the server starts:
+    the encoder step gets ``instances`` instances; ``minilm`` gets the encoder step's dynamic
+    batching (its ``preferred_batch_size`` included), and a twin of it, :data:`MATCHED`, gets
+    that batching and ``instances`` instances too. The ensemble against :data:`MATCHED` then
+    measures only the split into steps, and :data:`MATCHED` against ``minilm`` only the
+    instances. The diffs written."""
+    if instances < 1:
+        raise ConfigError(f"instances must be 1 or more, got {instances}")
+    encoder = repository.config(ENCODER)
+    single = repository.config(SINGLE)
+    batched = ModelConfig()
+    batched.CopyFrom(single)
+    batched.dynamic_batching.CopyFrom(encoder.dynamic_batching)
+    diffs = [
+        repository.write_config(ENCODER, apply_edits(encoder, instance_count=instances)),
+        repository.write_config(SINGLE, batched),
+    ]
+    repository.add_twin(SINGLE, MATCHED, apply_edits(batched, instance_count=instances))
+    diffs.append(diff_configs(batched, repository.config(MATCHED), f"{SINGLE} -> {MATCHED}"))
+    return "".join(d for d in diffs if d)
 
 
 # -- the ensemble answers as the single model does ---------------------------------------------
@@ -296,7 +317,7 @@ def cache_table(server: TritonServer | str, since: pd.DataFrame | None = None) -
 # -- the ensemble's cost: perf_analyzer in alternating rounds ---------------------------------
 #: A paragraph of about 120 tokens for notebook 08's throughput rounds: long enough that each
 #: encoder call keeps a core busy for a while, as a document's chunk does in retrieval, so what a
-#: second encoder instance does shows beyond this host's noise (a one-line sentence takes about
+#: second instance does shows beyond this host's noise (a one-line sentence takes about
 #: 13 ms, and the client's and the server's own work per request then weigh as much).
 PASSAGE = (
     "Triton Inference Server serves models from a folder called a model repository. Each model "
@@ -323,7 +344,9 @@ def ensemble_rounds(
 ) -> pd.DataFrame:
     """perf_analyzer on each of ``models`` in turn (A B A B ...), ``rounds`` times, at each
     ``concurrency``; one row per (round, model, concurrency) with ``throughput`` (infer/s),
-    ``p50_ms``, ``p99_ms`` and the host's ``load_average`` just after. Every level is three
+    ``p50_ms``, ``p99_ms``, the server's ``avg_batch_size`` (requests per execution) and
+    ``compute_infer_ms`` (the time of the batch a request ran in, averaged over requests), and
+    the host's ``load_average`` just after. Every level is three
     windows of ``request_count`` requests (no stability rule: on a shared host the rounds show
     the noise instead). ``label`` names the setting (``"2 encoder instances"``) in the
     ``setting`` column."""
@@ -347,11 +370,13 @@ def ensemble_rounds(
                 timeout_s=timeout_s,
                 progress=False,
             )
+            kept = ["concurrency", "throughput", "p50_ms", "p99_ms"]
+            kept += [c for c in ("avg_batch_size", "compute_infer_ms") if c in frame]
             frames.append(
-                frame[["concurrency", "throughput", "p50_ms", "p99_ms"]].assign(
+                frame[kept].assign(
                     round=number,
                     model=model,
-                    setting=label or "1 encoder instance",
+                    setting=label or "served alike",
                     load_average=round(os.getloadavg()[0], 2),  # the host's, just after it
                 )
             )
@@ -486,8 +511,8 @@ def write_gpu_configs(
 ) -> GpuPipeline:
     """The pipeline's models for a GPU host, in ``out_dir/gpu``: ``minilm`` and the encoder step
     on the GPU (``KIND_GPU``, ``encoder_instances`` of the step), the tokenizer step on the CPU,
-    the ensemble as it is, and the cached twins of ``minilm`` and of the ensemble. The encoder
-    step drops its ``preferred_batch_size`` there: a GPU runs a batch of 8 in about the time of 4,
+    the ensemble as it is, and the cached twins of ``minilm`` and of the ensemble. The encoders
+    drop their ``preferred_batch_size`` there: a GPU runs a batch of 8 in about the time of 4,
     where a CPU's time grows with the batch. Each folder is
     a copy with its links followed (the encoder step's ``minilm.py`` included), each config
     checked as Triton parses it. The docker command serves them with a ``cache_size``-byte cache
@@ -506,8 +531,8 @@ def write_gpu_configs(
         cpu = repo.config(name)
         count = encoder_instances if name == ENCODER else None
         gpu = apply_edits(cpu, instance_kind=kind, instance_count=count) if kind else cpu
-        if name == ENCODER:  # batches of 4 split a CPU's lock-step clients; a GPU wants them whole
-            gpu.dynamic_batching.ClearField("preferred_batch_size")
+        if name in (SINGLE, ENCODER):  # batches of 4 split a CPU's lock-step clients; a GPU
+            gpu.dynamic_batching.ClearField("preferred_batch_size")  # wants them whole
         out.write_config(name, gpu)
         diffs[name] = diff_configs(cpu, gpu, name)
     add_cached_twin(out)
@@ -520,9 +545,9 @@ def write_gpu_configs(
 
 
 # -- labkit bench pipeline: its targets, as JSON -------------------------------------------
-#: The models the benchmark serves: the single model, its cached twin, the ensemble, and ask
-#: with the streaming language model it calls.
-BENCH_MODELS = [*MODELS, CACHED, PIPELINE_CACHED, "smollm2_stream", ASK]
+#: The models the benchmark serves: the single model, its twin served as the encoder step is, its
+#: cached twin, the ensemble, and ask with the streaming language model it calls.
+BENCH_MODELS = [*MODELS, MATCHED, CACHED, PIPELINE_CACHED, "smollm2_stream", ASK]
 
 
 def benchmark(
@@ -540,6 +565,7 @@ def benchmark(
     each target against its measurement (:func:`targets`)."""
     run_dir = Path(run_dir)
     repo = prepare_run_repository(run_dir, models=[*MODELS, "smollm2_stream"], source=source)
+    match_encoder(repo)
     add_cached_twin(repo)
     add_cached_twin(repo, PIPELINE, PIPELINE_CACHED)
     with serving(run_dir, repo.path, BENCH_MODELS, cache_size=cache_mib * 1024 * 1024) as server:
@@ -548,14 +574,9 @@ def benchmark(
         pipe_hits = hit_and_miss_rounds(
             server, PIPELINE_CACHED, rounds=rounds + 1, per_round=texts_per_round
         )
-        one = ensemble_rounds(
+        alike = ensemble_rounds(
             server, rounds=rounds, concurrency=concurrency, run_dir=run_dir,
-            request_count=request_count,
-        )  # fmt: skip
-        set_instances(server, repo, ENCODER, 2)
-        two = ensemble_rounds(
-            server, rounds=rounds, concurrency=concurrency, run_dir=run_dir,
-            request_count=request_count, label="2 encoder instances",
+            request_count=request_count, models=(SINGLE, MATCHED, PIPELINE), text=PASSAGE,
         )  # fmt: skip
         eviction = fill_cache(server)
         asked = ask_rounds(server, question, rounds=rounds)
@@ -573,7 +594,7 @@ def benchmark(
         ),
         "cache_evictions": eviction.evictions,
         "cache_first_evicted": eviction.first_evicted,
-        "ensemble_rounds": summarize_rounds(pd.concat([one, two])).to_dict("records"),
+        "ensemble_rounds": summarize_rounds(alike).to_dict("records"),
         "ask_same_answer": bool(asked["text"].nunique() == 1),
         "ask_ttft_s": asked.groupby("way", sort=False)["ttft_s"].median().to_dict(),
         "ask_total_s": asked.groupby("way", sort=False)["total_s"].median().to_dict(),
