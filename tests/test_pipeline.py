@@ -475,48 +475,66 @@ def test_a_question_left_mid_answer_stops_ask_and_the_next_is_answered(server):
     assert pipeline.ask(server, question).text == alone
 
 
-# -- the lesson's words ---------------------------------------------------------------------------
-def rounds(setting: str, single: list[float], ensemble: list[float], clients: int = 8):
+# -- the lesson's figures and verdicts -----------------------------------------------------------
+SERVED = (pipeline.SINGLE, pipeline.MATCHED, pipeline.PIPELINE)
+
+
+def rounds(*by_model: list[float], clients: int = 8, batch: float = 4.0, batch_ms: float = 200.0):
+    """Fake :func:`pipeline.ensemble_rounds` rows: one list of infer/s per model of SERVED."""
     rows = []
-    for number, (a, b) in enumerate(zip(single, ensemble, strict=True), 1):
-        for model, value in (("minilm", a), ("minilm_pipeline", b)):
+    for model, values in zip(SERVED, by_model, strict=True):
+        for number, value in enumerate(values, 1):
             rows.append(
-                {"round": number, "model": model, "setting": setting, "concurrency": clients,
-                 "throughput": value, "p50_ms": 1000 / value, "p99_ms": 2000 / value}
+                {"round": number, "model": model, "setting": "served alike", "concurrency": clients,
+                 "throughput": value, "p50_ms": 1000 / value, "p99_ms": 2000 / value,
+                 "avg_batch_size": batch, "compute_infer_ms": batch_ms}
             )  # fmt: skip
     return pd.DataFrame(rows)
 
 
+def test_the_single_model_is_served_as_the_encoder_step_so_only_the_split_differs(tmp_path):
+    repo = Repository(ROOT / "model_repository").copy_to(tmp_path / "repo")
+    diff = pipeline.match_encoder(repo, instances=2)
+    encoder, single, matched = (
+        repo.config(m) for m in (pipeline.ENCODER, pipeline.SINGLE, pipeline.MATCHED)
+    )
+    assert [g.count for g in encoder.instance_group] == [2]
+    assert [g.count for g in matched.instance_group] == [2]
+    assert [g.count for g in single.instance_group] == [1]  # the second instance's baseline
+    for cfg in (single, matched):
+        assert cfg.dynamic_batching == encoder.dynamic_batching
+    assert list(single.dynamic_batching.preferred_batch_size) == [4]
+    assert "+  preferred_batch_size: 4" in diff and "+  count: 2" in diff
+    with pytest.raises(ConfigError, match="1 or more"):
+        pipeline.match_encoder(repo, instances=0)
+
+
 @pytest.mark.parametrize(
-    ("single", "ensemble", "verdict"),
+    ("single", "ensemble", "word"),
     [
-        ([30.0, 31.0], [15.0, 16.0], "a loss"),
-        ([30.0, 31.0], [34.0, 35.0], "within the noise"),  # +13%: under x1.20
-        ([30.0, 31.0], [45.0, 29.0], "within the noise"),  # one round the other way
-        ([30.0, 60.0], [45.0, 90.0], "a gain"),  # the host doubled its speed: both sides alike
-        ([30.0, 31.0], [45.0, 47.0], "a gain"),
+        ([30.0, 31.0], [15.0, 16.0], "loss"),
+        ([30.0, 31.0], [34.0, 35.0], "tie"),  # +13%: under x1.20
+        ([30.0, 31.0], [45.0, 29.0], "tie"),  # one round the other way
+        ([30.0, 31.0], [36.0, 37.2], "gain"),  # x1.20 exactly: the bar
+        ([30.0, 60.0], [45.0, 90.0], "gain"),  # the host doubled its speed: both sides alike
     ],
 )
-def test_a_comparison_is_judged_by_the_labs_one_rule_on_its_rounds(single, ensemble, verdict):
-    ratio, said = lesson.compare_rounds(
-        rounds("one", single, ensemble), "minilm_pipeline", "minilm", 8
+def test_the_ensemble_is_judged_against_the_single_model_served_alike(single, ensemble, word):
+    frame = rounds([10.0, 10.0], single, ensemble)
+    verdict = lesson.rounds_verdict(frame, pipeline.PIPELINE, pipeline.MATCHED, 8, "ensemble")
+    assert verdict.word == word and verdict.of == "infer/s"
+    assert verdict.comparison == "ensemble, 8 clients"
+
+
+def lesson_inputs(ensemble=(29.0, 31.0), second=(30.0, 31.0)):
+    frame = pd.concat(
+        [
+            rounds([20.0, 21.0], [20.0, 21.0], [19.0, 20.0], clients=1, batch=1.0, batch_ms=50.0),
+            rounds(
+                [15.0, 15.5], list(second), list(ensemble), clients=8, batch=4.0, batch_ms=150.0
+            ),
+        ]
     )
-    assert said == verdict
-    assert ratio.of == "infer/s"
-
-
-def test_a_second_instance_is_judged_by_the_ensembles_share_of_the_unchanged_single_model():
-    one = rounds("1 encoder instance", [30.0, 31.0], [15.0, 15.5])
-    slower_host = rounds("2 encoder instances", [15.0, 15.5], [15.0, 15.5])  # host at half speed
-    ratio, said = lesson.compare_instances(one, slower_host, 8)
-    assert said == "a gain" and round(ratio.value, 2) == 2.0  # half of the single's, then all of it
-    same_share = rounds("2 encoder instances", [60.0, 62.0], [30.0, 31.0])  # host twice as fast
-    assert lesson.compare_instances(one, same_share, 8)[1] == "within the noise"
-
-
-def lesson_inputs():
-    one = pd.concat([rounds("1 encoder instance", [30, 31], [29, 30], c) for c in (1, 8)])
-    two = pd.concat([rounds("2 encoder instances", [30, 31], [29, 31], c) for c in (1, 8)])
     hits = pd.DataFrame(
         [
             {"round": r, "kind": k, "p50_ms": p, "p99_ms": 2 * p, "requests": 20,
@@ -524,70 +542,82 @@ def lesson_inputs():
             for r in (1, 2) for k, p in (("miss", 30.0), ("hit", 0.2))
         ]
     )  # fmt: skip
-    agreement = pipeline.Agreement(texts=32, max_abs_diff=2e-7, dimension=384)
-    eviction = pipeline.Eviction(1 << 20, 2 << 20, 43, 79, 21, 0.98, True)
-    return agreement, one, two, hits, eviction
-
-
-def test_the_conclusion_reads_as_a_lesson_six_figures_and_three_sentences():
     asked = pd.DataFrame(
         [
-            {"round": 1, "way": way, "ttft_s": 0.2, "total_s": 1.0, "text": " It answers."}
-            for way in ("ask (BLS, one request)", "the same steps from the client")
+            {"round": r, "way": way, "ttft_s": t, "total_s": 2.0, "text": " It answers."}
+            for r in (1, 2)
+            for way, t in (("ask (BLS, one request)", 0.30), ("the same steps from the client", 0.31))
         ]
+    )  # fmt: skip
+    agreement = pipeline.Agreement(texts=32, max_abs_diff=2e-7, dimension=384)
+    eviction = pipeline.Eviction(1 << 20, 2 << 20, 43, 79, 21, 0.98, True)
+    pipe_hits = hits.assign(p50_ms=hits["p50_ms"] * 1.5)
+    return agreement, frame, hits, eviction, pipe_hits, asked
+
+
+def conclusion(**inputs):
+    agreement, frame, hits, eviction, pipe_hits, asked = lesson_inputs(**inputs)
+    return lesson.pipeline_conclusion(
+        agreement, frame, hits, eviction, pipeline_hits=pipe_hits, asked=asked
     )
-    pipe_hits = lesson_inputs()[3].assign(p50_ms=lambda f: f["p50_ms"] * 1.5)
-    conclusion = lesson.pipeline_conclusion(*lesson_inputs(), asked=asked, pipeline_hits=pipe_hits)
-    assert conclusion.table.iloc[-1]["measured"] == "the same"
-    assert len(conclusion.figures) <= 6
-    assert sentence_count(conclusion.takeaway) <= 3
-    shown = conclusion.text + str(conclusion.takeaway) + conclusion.table.to_string()
-    assert not INTERNAL.search(shown), shown
-    assert "0.20 ms against 30 ms" in conclusion.takeaway[0]
-    row = conclusion.table.set_index("figure").loc[
-        "repeated text p50 through the ensemble, cached (ms)"
+
+
+def test_the_verdicts_are_the_split_the_second_instance_the_cache_and_ask():
+    table = conclusion().verdict_table().set_index("comparison")
+    assert list(table["verdict"]) == ["tie", "tie", "gain", "gain", "tie"]
+    assert list(table.index[:3]) == [
+        "ensemble against one model served alike, 1 client",
+        "ensemble against one model served alike, 8 clients",
+        "2 instances of one model against 1, 8 clients",
     ]
-    assert row["measured"] == "0.30 against 45.0 for a new text"
-    assert "a repeated text took 0.30 ms against 45.0 ms for a new one" in conclusion.text
-    # x0.97: within the noise agrees with the prediction, and says so (once, for both client
-    # counts when both read alike)
-    assert conclusion.text.count("within the noise, as predicted") == 1
-    assert "(within the noise, as predicted)" in conclusion.takeaway[1]
-    for table in (conclusion.table, lesson.rounds_table(lesson_inputs()[1])):
+    assert table.loc["2 instances of one model against 1, 8 clients", "median"] == 2.0
+    assert table.loc["repeated text against a new one, cached", "median"] == 150.0
+    assert table.loc["ask against the same steps from the client", "each round"] == "x1.03, x1.03"
+
+
+def test_the_takeaway_names_each_verdict_and_its_number():
+    said = conclusion().takeaway
+    assert sentence_count(said) == 3
+    assert said[0].endswith("served alike at 8 clients: tie, x0.98 infer/s.")
+    assert said[1].endswith("at 8 clients: gain, x2.00 infer/s.")
+    assert "0.20 ms against 30.0 ms" in said[2]
+    # a slower ensemble and a second instance that did nothing: the words follow the figures
+    moved = conclusion(ensemble=(10.0, 10.0), second=(15.0, 15.5)).takeaway
+    assert ": loss, x0.66 infer/s." in moved[0] and ": tie, x1.00 infer/s." in moved[1]
+
+
+def test_the_figures_and_the_table_show_the_measurements_in_words():
+    done = conclusion()
+    assert len(done.figures) <= 6
+    assert str(done.figures["2 instances of one model against 1, 8 clients"]) == "x2.00 infer/s"
+    measured = done.table.set_index("figure")["measured"]
+    assert measured["time of a batch of 4.0 against 1 request (one model)"] == "x3.00"
+    assert measured["repeated text p50 against new, ensemble (ms)"] == "0.30 against 45.0"
+    assert measured["ask's answers and the client's"] == "the same"
+    assert measured["first request, sent again"] == "a miss"
+    shown = str(done) + str(done.takeaway) + done.table.to_string()
+    assert not INTERNAL.search(shown), shown
+    for table in (done.table, lesson.rounds_table(lesson_inputs()[1])):
         assert not [c for c in table.columns if "_" in c], table.columns
 
 
-def test_the_hit_and_miss_table_has_a_row_per_round_in_words():
-    table = lesson.hit_miss_table(lesson_inputs()[3])
-    assert list(table["round"]) == [1, 2]
-    assert table.loc[0, "repeated p50 (ms)"] == "0.20" and table.loc[0, "hits counted"] == 20
-    assert not [c for c in table.columns if "_" in c]
-    both = lesson.hit_miss_table(lesson_inputs()[3], lesson_inputs()[3])
+def test_the_rounds_and_the_cache_rounds_have_a_row_each():
+    rows = lesson.rounds_table(lesson_inputs()[1])
+    assert len(rows) == 6 and set(rows["clients"]) == {1, 8}
+    assert list(rows["requests per execution"].unique()) == [1.0, 4.0]
+    hits = lesson_inputs()[2]
+    both = lesson.hit_miss_table(hits, hits)
     assert list(both["served as"]) == ["one model"] * 2 + ["ensemble"] * 2
     assert list(both["round"]) == [1, 2, 1, 2]
+    assert both.loc[0, "repeated p50 (ms)"] == 0.2 and both.loc[0, "hits counted"] == 20
+    asked = lesson.ask_table(lesson_inputs()[5])
+    assert list(asked["answer"].unique()) == ["It answers."]
 
 
 def test_an_eviction_reads_in_words():
-    said = str(lesson_inputs()[4])
+    said = str(lesson_inputs()[3])
     assert said.startswith("43 requests offered 2048 KiB of answers to a cache of 1024 KiB")
     assert "a miss: it had been evicted" in said
-
-
-def test_the_ask_rounds_read_in_words_and_say_whether_the_answers_agree():
-    frame = pd.DataFrame(
-        [
-            {"round": r, "way": w, "ttft_s": t, "total_s": 2.0, "text": " It answers."}
-            for r in (1, 2)
-            for w, t in (("ask (BLS, one request)", 0.30), ("the same steps from the client", 0.31))
-        ]
-    )
-    said = lesson.ask_summary(frame)
-    assert said.startswith("All 4 answers were the same greedy text: 'It answers.'")
-    assert "0.30 s through ask and 0.31 s from the client (within the noise)" in said
-    table = lesson.ask_table(frame)
-    assert list(table.columns) == ["round", "way", "first piece after (s)", "whole answer (s)"]
-    differing = frame.assign(text=["a", "b", "a", "a"])
-    assert "The answers differed (2 texts)" in lesson.ask_summary(differing)
 
 
 def test_the_benchmarks_targets_are_judged_from_its_figures():
@@ -612,36 +642,3 @@ def test_the_benchmarks_targets_are_judged_from_its_figures():
 def test_labkit_bench_pipeline_takes_its_settings():
     args = build_parser().parse_args(["bench", "pipeline", "--cache-mib", "2", "--json", "f.json"])
     assert (args.cache_mib, args.rounds, args.json) == (2, 2, "f.json")
-
-
-def test_the_second_encoder_is_said_in_the_ensembles_own_figures_and_against_the_single_model():
-    """The figure a learner reads (x2.00) is traced in the text from the two shares it comes
-    from, so it can be checked by hand; the raw throughputs stand beside it."""
-    agreement, _, _, hits, eviction = lesson_inputs()
-    one = pd.concat([rounds("1 encoder instance", [30.0, 31.0], [15.0, 15.5], c) for c in (1, 8)])
-    # the host at half speed in the second block: the raw figure shows no gain, the shares do
-    two = pd.concat([rounds("2 encoder instances", [15.0, 15.5], [15.0, 15.5], c) for c in (1, 8)])
-    conclusion = lesson.pipeline_conclusion(agreement, one, two, hits, eviction)
-    moved = (
-        "the ensemble went from x0.50 of the single model's infer/s to x1.00, round by round a "
-        "change of x2.00 infer/s"
-    )
-    assert "the ensemble served 15.2 infer/s at 8 clients against 15.2 with one" in conclusion.text
-    assert moved in conclusion.text
-    assert conclusion.takeaway[2].startswith(
-        "A second encoder instance was a gain on 2 cores (x2.00 infer/s for the ensemble, each "
-        "block of rounds read against the single model measured beside it)"
-    )
-    row = conclusion.table.set_index("figure").iloc[3]
-    assert row["measured"] == "x2.00 infer/s (a gain)" and "against the single model" in row.name
-
-
-def test_a_second_encoder_within_the_noise_names_the_load_it_was_measured_under():
-    agreement, one, two, hits, eviction = lesson_inputs()  # two: the same share, a tie
-    text = lesson.pipeline_conclusion(
-        agreement, one, two.assign(load_average=9.04), hits, eviction
-    ).text
-    assert "and is what the rule judges: within the noise)" in text
-    assert "whatever else ran (load average up to 9.0 on 2 cores during the rounds)" in text
-    # without the load recorded (an older run's frame), the sentence stands without it
-    assert "load average" not in lesson.pipeline_conclusion(*lesson_inputs()).text
