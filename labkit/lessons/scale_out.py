@@ -1,27 +1,17 @@
-"""Notebook 07's lesson: what replicas on one host buy, next to instances in one server.
-
-The mechanism first (:func:`predict_scale_out`): on a CPU a replica brings no new hardware, so
-two replicas on one host can gain only what two instances in one server gain, the cores that one
-instance leaves idle (:func:`labkit.lessons.predict_instances`, the explanation notebook 04 gives
-too). Then three sweeps of the same model on the same cores
-(:func:`labkit.cluster.compare_scale_out`): one server with one instance, one server with N
-instances, N replicas behind HAProxy. The words compare them at the highest concurrency all three
-measured, by the lab's one rule (:data:`~labkit.lessons.conclusion.NOISE_RULE`) on the rounds'
-ratios. The takeaway says what replicas add on one host:
-failover, measured by :func:`labkit.cluster.failover` (:func:`with_failover`).
-"""
+"""Notebook 07's figures: the prediction as numbers, the three sweeps of
+:func:`labkit.cluster.compare_scale_out` judged round by round, and a takeaway from those verdicts
+and the failover experiments. Why a replica on a CPU gains only what an instance gains, and what
+each verdict means, is the notebook's markdown."""
 
 from __future__ import annotations
 
 import math
-import os
-import statistics
 from dataclasses import dataclass, replace
 
 import pandas as pd
 
 from labkit.errors import ConfigError
-from labkit.lessons.conclusion import Conclusion, Ratio, judge, unsettled
+from labkit.lessons.conclusion import Conclusion, Verdict, unsettled
 from labkit.lessons.instances import InstancePrediction, predict_instances
 from labkit.repository.textgen import thread_budget, usable_cores
 from labkit.server import served_config
@@ -29,36 +19,38 @@ from labkit.server import served_config
 
 @dataclass(frozen=True)
 class ScaleOutPrediction:
-    """What ``count`` instances, and ``count`` replicas, should do against one instance."""
+    """What ``count`` instances, and ``count`` replicas, can gain against one instance."""
 
     count: int
     instances: InstancePrediction
-    text: str
 
-    def __str__(self) -> str:
-        return self.text
+    def table(self) -> pd.DataFrame:
+        """The prediction's numbers, one a row; the most ``count`` instances (or replicas) can
+        gain is the cores they can keep busy over the cores one instance can."""
+        p, n = self.instances, self.count
+        return pd.DataFrame(
+            {"predicted": [p.cores, p.threads, p.busy_one, p.busy_many, p.batch,
+                  f"x{p.busy_many / p.busy_one:.2f}"]},
+            index=["cores", "torch threads of one instance", "cores 1 instance can keep busy",
+                   f"cores {n} instances (or replicas) can keep busy",
+                   "requests per execution (1: no batching)",
+                   f"the most {n} instances (or replicas) can gain, in infer/s"],
+        )  # fmt: skip
 
 
 def predict_scale_out(
     count: int, *, threads: int, cores: int, batch: float = 1.0
 ) -> ScaleOutPrediction:
-    """The prediction for ``count`` instances of ``threads`` torch threads each (``batch``
-    requests per execution with one instance) on ``cores`` cores, and for ``count`` replicas."""
-    instances = predict_instances(instances=count, threads=threads, cores=cores, batch=batch)
-    text = (
-        f"{instances.text} Replicas on one host share the same cores, and each replica's "
-        "instance gets the torch threads an instance of one server gets: expect "
-        f"{count} replicas to gain what {count} instances gain, and no more. What a replica adds "
-        "is a server of its own, which can die alone: failover."
+    """:func:`predict_instances` for ``count`` instances, or replicas, against one."""
+    return ScaleOutPrediction(
+        count, predict_instances(instances=count, threads=threads, cores=cores, batch=batch)
     )
-    return ScaleOutPrediction(count, instances, text)
 
 
 def scale_out_prediction(cluster, model: str, *, concurrency: int = 1) -> ScaleOutPrediction:
     """:func:`predict_scale_out` for ``model`` as ``cluster`` serves it: a lone instance's torch
     threads (its ``num_threads`` parameter, else labkit's thread budget), this host's cores, and
-    the requests per execution ``concurrency`` clients give it (1 for a model that does not
-    batch; up to ``max_batch_size`` for one that does)."""
+    the requests per execution ``concurrency`` clients give it (1 for a model that does not batch)."""
     config = served_config(cluster.replica(0).server, model)
     explicit = config.get("parameters", {}).get("num_threads", {}).get("string_value", "")
     threads = int(explicit) if explicit else thread_budget(1)
@@ -66,27 +58,12 @@ def scale_out_prediction(cluster, model: str, *, concurrency: int = 1) -> ScaleO
     return predict_scale_out(cluster.size, threads=threads, cores=usable_cores(), batch=batch)
 
 
-def _at(frame: pd.DataFrame, concurrency: int, column: str) -> float:
-    rows = frame[frame["concurrency"] == concurrency]
-    return float(rows.iloc[0][column]) if len(rows) else math.nan
-
-
-def verdict(ratios: list[float] | Ratio) -> str:
-    """``gain``, ``loss`` or ``tie`` of per-round ratios (or of one :class:`Ratio`), by the lab's
-    one rule (:func:`~labkit.lessons.conclusion.judge`)."""
-    return judge([ratios.value] if isinstance(ratios, Ratio) else ratios)
-
-
-def per_round(rounds: pd.DataFrame | None, new: str, old: str, concurrency: int) -> list[float]:
-    """``new``'s throughput over ``old``'s (``config`` names) at ``concurrency``, round by round
-    (``rounds``: every round of every configuration; empty when not given)."""
-    if rounds is None:
-        return []
-    level = rounds[rounds["concurrency"] == concurrency]
-    speed = level.pivot_table(index="round", columns="config", values="throughput")
-    if new not in speed or old not in speed:
-        return []
-    return [n / o for n, o in zip(speed[new], speed[old], strict=True) if o > 0]
+def _ratios(every: pd.DataFrame, new: str, old: str, level: int) -> list[float]:
+    """``new``'s infer/s over ``old``'s (``config`` names) at ``level``, round by round."""
+    speed = every[every["concurrency"] == level].pivot_table(
+        index="round", columns="config", values="throughput"
+    )
+    return [n / o if o > 0 else math.nan for n, o in zip(speed[new], speed[old], strict=True)]
 
 
 def scale_out_conclusion(
@@ -95,98 +72,46 @@ def scale_out_conclusion(
     replicas: pd.DataFrame,
     *,
     count: int = 2,
-    threads: dict[str, int] | None = None,
-    cores: int | None = None,
-    load_average: float | None = None,
     rounds: pd.DataFrame | None = None,
-    batch: float = 1.0,
 ) -> Conclusion:
-    """One instance, ``count`` instances in one server, ``count`` replicas: what each gained,
-    explained by :func:`predict_scale_out`.
-
-    The frames are :func:`labkit.profiling.perf_analyzer` sweeps (their ``config`` column names
-    them); ``threads`` maps those names to the torch threads of each instance (the lone
-    instance's make the prediction; 1 when not given); ``cores`` is this host's (by default, the
-    cores this process may use); ``load_average`` the host's while measuring; ``batch`` the
-    requests one instance runs per execution (1: the model does not batch). ``rounds`` holds every
-    round of every configuration, measured in turns (the sweeps are each one's median round):
-    each comparison is judged, and shown, by the median of its per-round ratios; without them,
-    by the one ratio. The lab starts every server in one session (:func:`labkit.proc.spawn`), so
-    a busy host shares its cores between replicas as it would between one server's instances.
-    """
-    sweeps = {"one": one, "instances": instances, "replicas": replicas}
-    levels = sorted(
-        set(one["concurrency"]) & set(instances["concurrency"]) & set(replicas["concurrency"])
-    )
+    """Replicas against one instance, replicas against instances and instances against one, at
+    the highest concurrency all three sweeps measured (:func:`labkit.profiling.perf_analyzer`
+    frames, named by their ``config``), each judged on its per-round ratios when ``rounds`` (every
+    round of every configuration) is given."""
+    sweeps = {str(f["config"].iloc[0]): f for f in (one, instances, replicas)}
+    levels = sorted(set.intersection(*(set(f["concurrency"]) for f in sweeps.values())))
     if not levels:
         raise ConfigError(
             "the three sweeps share no concurrency level; measure them at the same ones"
         )
-    cores = cores or len(os.sched_getaffinity(0))
-    names = {key: str(frame["config"].iloc[0]) for key, frame in sweeps.items()}
-    rows = [
-        {"concurrency": c}
-        | {f"{names[k]} (infer/s)": _at(f, c, "throughput") for k, f in sweeps.items()}
-        | {f"{names[k]} p99 (ms)": _at(f, c, "p99_ms") for k, f in sweeps.items()}
-        for c in levels
-    ]
-    table = pd.DataFrame(rows).round(1)
-    c = levels[-1]
-    speed = {k: _at(f, c, "throughput") for k, f in sweeps.items()}
-    p99 = {k: _at(f, c, "p99_ms") for k, f in sweeps.items()}
-    gain = Ratio.between(speed["instances"], speed["one"], "infer/s")
-    versus = Ratio.between(speed["replicas"], speed["instances"], "infer/s")
-    versus_p99 = Ratio.between(p99["replicas"], p99["instances"], "p99 latency")
-    lone = (threads or {}).get(names["one"], 1)
-    predicted = predict_scale_out(count, threads=lone, cores=cores, batch=batch)
-    count_rounds = int(rounds["round"].nunique()) if rounds is not None else 1
-    # each comparison as the rule reads it: the median of its per-round ratios, when the rounds
-    # are given (a ratio of the medians would be a figure the verdict was not judged on)
-    ratios = {
-        "instances": per_round(rounds, names["instances"], names["one"], c) or [gain.value],
-        "replicas": per_round(rounds, names["replicas"], names["instances"], c) or [versus.value],
+    c, (lone, many, spread) = levels[-1], list(sweeps)
+    pairs = [(spread, lone, f"{count} replicas against 1 instance"),
+             (spread, many, f"{count} replicas against {count} instances in one server"),
+             (many, lone, f"{count} instances in one server against 1 instance")]  # fmt: skip
+    every = pd.concat(sweeps.values()).assign(round=1) if rounds is None else rounds
+    verdicts = tuple(
+        Verdict(f"{said} at concurrency {c}", _ratios(every, new, old, c), "infer/s")
+        for new, old, said in pairs
+    )
+    speed = {
+        k: round(float(f.set_index("concurrency").at[c, "throughput"]), 2)
+        for k, f in sweeps.items()
     }
-    gain = Ratio(statistics.median(ratios["instances"]), "infer/s")
-    versus = Ratio(statistics.median(ratios["replicas"]), "infer/s")
-    judged = {key: verdict(values) for key, values in ratios.items()}
     figures = {
-        f"one_instance_infer_s_c{c}": round(speed["one"], 2),
-        f"{count}_instances_infer_s_c{c}": round(speed["instances"], 2),
-        f"{count}_replicas_infer_s_c{c}": round(speed["replicas"], 2),
-        f"{count}_replicas_against_{count}_instances": versus,
+        f"one_instance_infer_s_c{c}": speed[lone],
+        f"{count}_instances_infer_s_c{c}": speed[many],
+        f"{count}_replicas_infer_s_c{c}": speed[spread],
+        f"{count}_replicas_against_{count}_instances": verdicts[1].ratio,
     }
-    measured = (
-        f"each the median of {count_rounds} rounds taken in turns, judged round by round"
-        if count_rounds > 1
-        else "one measurement each"
-    )
-    lines = [
-        f"At concurrency {c} on {cores} cores: one instance served {speed['one']:.1f} "
-        f"infer/s, {count} instances in one server {speed['instances']:.1f} and {count} replicas "
-        f"behind HAProxy {speed['replicas']:.1f} ({measured}).",
-        _instances_line(gain, count, predicted.instances, judged["instances"], cores, load_average),
-        _replicas_line(versus, versus_p99, count, judged["replicas"]),
-    ]
-    if load_average is not None:
-        lines.insert(
-            1, f"The host's load average was {load_average:.1f} on {cores} cores after the rounds."
-        )
-    caveat = unsettled({names[k]: frame for k, frame in sweeps.items()})
-    if caveat:
-        lines.append(caveat)
-    takeaway = (
-        _speed_sentence(speed, versus, count, cores, judged["replicas"]),
-        _mechanism_sentence(predicted.instances, cores, load_average),
-        "What replicas add on one host is failover; more speed takes more cores, a second "
-        "machine or one GPU per replica.",
-    )
-    return Conclusion(table, figures, "\n".join(lines), takeaway)
+    table = pd.concat(sweeps.values())[["config", "concurrency", "throughput", "p99_ms"]]
+    table.columns = ["configuration", "concurrency", "infer/s", "p99 latency (ms)"]
+    text = "\n".join([v.sentence() for v in verdicts] + [unsettled(sweeps)]).strip()
+    return Conclusion(table, figures, text, tuple(v.sentence() for v in verdicts[:2]), verdicts)
 
 
 def with_failover(conclusion: Conclusion, *failovers) -> Conclusion:
-    """The scale-out conclusion with its last takeaway sentence stating what the failover
-    experiments measured: how many requests failed with each fault (``failovers`` are
-    :class:`~labkit.cluster.FailoverResult`, anything with their ``figures``)."""
+    """The scale-out takeaway with a last line of what the failover experiments measured: how many
+    requests failed with each fault (``failovers``: :class:`~labkit.cluster.FailoverResult`)."""
     if not failovers:
         raise ConfigError("with_failover() needs at least one failover experiment's result")
     failed = sum(f.figures["failed"] for f in failovers)
@@ -195,136 +120,5 @@ def with_failover(conclusion: Conclusion, *failovers) -> Conclusion:
         "tritonserver" if f.figures["fault_kind"] == "server" else "Python stub" for f in failovers
     ]
     killed = parts[0] + "".join(f", then its {part}," for part in parts[1:])
-    last = (
-        f"What replicas add on one host is failover: with a replica's {killed} killed under "
-        f"load, {failed} of {sent} requests failed; more speed takes more cores, a second "
-        "machine or one GPU per replica."
-    )
-    return replace(conclusion, takeaway=(*conclusion.takeaway[:-1], last))
-
-
-def _instances_line(
-    gain: Ratio,
-    count: int,
-    predicted: InstancePrediction,
-    measured: str,
-    cores: int,
-    load_average: float | None,
-) -> str:
-    said = f"{count} instances gave {gain} over one"
-    busy = load_average is not None and load_average >= cores
-    idle = "core" if predicted.busy_many - predicted.busy_one == 1 else "cores"
-    if predicted.expect == "gain":
-        if measured == "gain":
-            return (
-                f"{said}, as predicted: the extra instances' threads put to work the {idle} one "
-                "instance left idle."
-            )
-        where = "within the noise" if measured == "tie" else "less, beyond the noise"
-        why = (
-            f"with a load average of {load_average:.1f} on {cores} cores, other processes "
-            f"were already running on the {idle} one instance leaves idle"
-            + ("." if measured == "tie" else ", and a second instance only split what one had.")
-            if busy
-            else f"the idle {idle} did not turn into requests here; measuring again tells "
-            "whether that was the noise."
-        )
-        return (
-            f"{said}, {where}, where up to about x{predicted.busy_many / predicted.busy_one:.0f} was "
-            f"predicted: {why}"
-        )
-    if measured == "gain" and predicted.expect == "smaller gain":
-        return (
-            f"{said}, beyond the noise: the second core was free, so splitting the batches "
-            "still paid."
-        )
-    if measured == "gain":
-        return (
-            f"{said}, beyond the noise, where no gain was predicted: measuring again tells "
-            "whether the host's load changed between the rounds."
-        )
-    where = "within the noise" if measured == "tie" else "less, beyond the noise"
-    reason = (
-        "one instance already ran several requests per execution"
-        if predicted.batch >= 1.5
-        else "one instance already kept every core busy"
-    )
-    if predicted.expect == "loss" and measured == "tie":
-        return f"{said}, {where}, where a loss was predicted: {reason}, yet here they kept pace."
-    return f"{said}, {where}, as predicted: {reason}."
-
-
-def _replicas_line(versus: Ratio, versus_p99: Ratio, count: int, measured: str) -> str:
-    said = f"{count} replicas gave {versus} against {count} instances in one server"
-    # the verdict is the throughput's; the tail latency is a figure beside it, not judged
-    latency = (
-        f" Their p99 latency was x{versus_p99.value:.2f} the instances' (the balancer adds a hop "
-        "to every request); the verdict is the throughput's alone, as one sweep's p99 rests on "
-        "its few slowest requests."
-    )
-    gain = (
-        f"{said}: more, beyond the noise, on the same cores. Not from more cores, which "
-        "one host does not have: from what surrounds the model (each replica has its own Triton "
-        "front end and scheduler), or from the host's load changing between rounds."
-    )
-    return {
-        "gain": gain,
-        "tie": f"{said}: no difference beyond the noise, as predicted: on the same cores a "
-        "replica is an instance with a server of its own around it.",
-        "loss": f"{said}: less, beyond the noise: the same cores did the same work, plus a "
-        "second server's threads and the balancer's hop.",
-    }[measured] + latency
-
-
-def _speed_sentence(
-    speed: dict[str, float], versus: Ratio, count: int, cores: int, measured: str
-) -> str:
-    figures = (
-        f"On {cores} cores, {count} replicas behind HAProxy served {speed['replicas']:.1f} "
-        f"infer/s and {count} instances in one server {speed['instances']:.1f}, against "
-        f"{speed['one']:.1f} for one instance"
-    )
-    return (
-        figures
-        + {
-            "gain": f": replicas gained more than instances here ({versus}), from what "
-            "surrounds the model, not from more cores.",
-            "tie": f": {versus} between replicas and instances, no difference beyond the "
-            "noise of these rounds.",
-            "loss": f": replicas gained less than instances ({versus}), paying for a second server "
-            "and the balancer's hop.",
-        }[measured]
-    )
-
-
-def _mechanism_sentence(
-    predicted: InstancePrediction, cores: int, load_average: float | None
-) -> str:
-    load = (
-        f" (load average {load_average:.1f} on {cores} cores here)"
-        if load_average is not None
-        else ""
-    )
-    idle = predicted.busy_many - predicted.busy_one
-    cores_word = "core" if idle == 1 else "cores"
-    if predicted.expect == "gain":
-        them = "it" if idle == 1 else "them"
-        # the load average is named here only where it was high enough to cut the gain (the
-        # text gives it in any case)
-        busy = load_average is not None and load_average >= cores
-        return (
-            f"Both can only put to work the {cores_word} one instance of {predicted.threads} "
-            f"torch thread{'s' if predicted.threads > 1 else ''} leaves idle, so up to about "
-            f"{predicted.busy_many / predicted.busy_one:.0f}x, and less "
-            + (
-                f"here, where other processes used {them}{load}."
-                if busy
-                else f"when other processes use {them}."
-            )
-        )
-    reason = (
-        f"one instance already runs {predicted.batch:.1f} requests per execution"
-        if predicted.busy_many > predicted.busy_one
-        else "one instance already keeps every core busy"
-    )
-    return f"Neither can gain much here: {reason}{load}."
+    last = f"With a replica's {killed} killed under load, {failed} of {sent} requests failed."
+    return replace(conclusion, takeaway=(*conclusion.takeaway[:2], last))
