@@ -60,6 +60,16 @@ class Checks:
     502-504: Triton 2.51 answers a request to a model whose Python stub died with
     ``500 Stub process '<model>_0' is not healthy.``, after about a second. A 4xx (a bad
     request) is never retried: it would fail on every replica.
+
+    HAProxy retries only before any of the answer has gone to the client, so a stream under way
+    is never retried (its client sees it cut). Retrying is right for what the lab serves: models
+    without state, each request carrying its whole prompt and getting one answer, whose only
+    side effect is compute; a 500 that the request itself causes (``generation failed``) is then
+    run up to ``retries`` more times. It is wrong for a sequence-batched (stateful) model, whose
+    sequence lives in the replica that started it (another replica refuses a sequence it did not
+    start, and the first may have taken the step already), and for a model with side effects
+    beyond its answer (a write, a charge), which a retry repeats: there pass ``retry_on=()``
+    (HAProxy's ``none``) and send each sequence to one replica.
     """
 
     interval_s: float = 0.25
@@ -123,8 +133,10 @@ def render_config(
         "    timeout client 10m",
         "    timeout server 10m",
         f"    timeout check {_ms(checks.timeout_s)}",
-        # A failed request goes to another replica: inference is side-effect free, so sending
-        # a POST again is safe (a request body up to tune.bufsize, 16 kB, can be replayed).
+        # A failed request goes to another replica, only before any answer reached the client.
+        # Safe for the lab's models (no state, no side effect but compute); not for a stateful
+        # (sequence-batched) model or one with side effects (see Checks). A request body up to
+        # tune.bufsize, 16 kB, can be replayed.
         f"    retries {checks.retries}",
         "    option redispatch 1",
         # The whole request is read before it is sent, so a copy is kept for a retry; without it
