@@ -265,7 +265,7 @@ def test_a_replica_with_a_dead_stub_leaves_the_pool_and_rejoins_after_recover(cl
     wait_for(lambda: "r0" not in cluster.in_pool(), 10, "r0 leaving the pool")
     row = cluster.pool().set_index("replica").loc["r0"]
     assert row["lb_status"].startswith("DOWN")
-    assert "0 of 1 Python stubs alive" in row["readiness"]
+    assert "echo: 0 of 1" in row["readiness"]  # the model, its stubs alive of expected
     # Triton itself still says ready, and refuses the model: the trap the readiness endpoint sees.
     with urllib.request.urlopen(f"http://{replica.server.http_url}/v2/health/ready") as response:
         assert response.status == 200
