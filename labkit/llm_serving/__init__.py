@@ -6,8 +6,9 @@
 - :mod:`.standalone`: vLLM's own OpenAI server on the served model's settings (the reference);
 - :mod:`.gpu`: the vLLM model's GPU configs, ours and Triton's ``vllm`` backend's;
 - :mod:`.inprocess`: the same engine without Triton (the limit), float32 against bfloat16;
-- :mod:`.figures`: ratios, targets and the text table (``labkit bench inflight``'s);
-- :mod:`.study`: :func:`run`, the benchmark's whole study in one call, and its :class:`StudyResult`;
+- :mod:`.figures`: the ratios the study's targets are about, and the targets;
+- :mod:`.study`: :func:`run`, the benchmark's whole study in one call, its :class:`StudyResult`
+  and its text table;
 - :mod:`.rounds`: :func:`compare`, notebook 06's comparison: every way up at once, measured in
   rounds, and its :class:`Comparison`;
 - :mod:`.apis`: one request through the ``openai`` client to vLLM's own server and through
