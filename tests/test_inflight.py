@@ -382,7 +382,7 @@ def test_cancelling_half_the_streams_frees_their_slots_and_leaves_the_others_unc
     # The engine's own record: the cancelled requests gave back their slots (at most the two
     # survivors held one afterwards), and no latecomer had to wait for a slot.
     assert cancellations()[-1][1] <= 2
-    assert "tli: a request waits for room" not in server_log(server, start)
+    assert "tli: a request waits" not in server_log(server, start)
 
 
 @pytest.mark.integration
@@ -404,8 +404,9 @@ def test_a_request_past_the_queue_bound_is_refused_at_once_as_busy(server):
         answered = first.result()
     assert rest and answered.text.startswith("Hi")  # the first waited, then had its turn
     assert isinstance(busy, InferenceError) and busy.status == 400  # Triton 2.51's /generate
-    assert "busy: 1 prompts are generating and 1 requests are waiting" in str(busy)
-    assert "(max_queue_size=1); retry later" in str(busy)
+    said = str(busy)
+    assert "busy: 1 prompts" in said and "1 requests are waiting" in said
+    assert "(max_queue_size=1)" in said and "retry later" in said
     # Refused at once: the engine never queued it (one request waited, not two).
     assert server_log(server, start).count(queued) == 1
     assert client.generate(server.http_url, "tlq", "Hi").text.startswith("Hi")
@@ -576,7 +577,7 @@ def test_a_crashed_engine_fails_its_requests_refuses_new_ones_and_ends_the_stub_
         for sender in senders:
             response, flags = sender.responses[-1]
             assert flags == inflight.FINAL and response.error.code == "INTERNAL"
-            assert "injected fault in the forward pass" in response.error.message
+            assert "injected fault" in response.error.message
         late = FakeSender()
         engine.submit(late, prompts("Hi"))
         ((refusal, _),) = late.responses

@@ -26,7 +26,7 @@ def test_the_served_models_settings_become_the_servers_flags_and_environment():
     assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     flags = " ".join(command)
     assert "--port 8123" in flags and f"--served-model-name {standalone.SERVED_NAME}" in flags
-    assert "--model /w --dtype bfloat16 --max-num-seqs 8" in flags
+    assert "--model /w" in flags and "--dtype bfloat16" in flags and "--max-num-seqs 8" in flags
     assert "--max-num-batched-tokens 2048 --enforce-eager" in flags
     assert "--max-model-len 4096" in flags
     assert "--disable-log-stats" not in flags  # False: the flag is left out

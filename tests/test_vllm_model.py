@@ -361,7 +361,7 @@ def test_install_takes_the_cuda_vllm_on_a_gpu_host_with_a_fake_nvidia_smi(tmp_pa
         fake_checkout(tmp_path / "dry", gpu=True), LABKIT_INSTALL_DRY_RUN="1"
     )
     assert code == 0 and calls == []
-    assert "would run: pip install vllm==0.32.0 (into .venv-vllm)" in out
+    assert "pip install vllm==0.32.0" in out and "(into .venv-vllm)" in out
     code, calls, out = run_vllm_block(fake_checkout(tmp_path / "gpu", gpu=True))
     assert code == 0, out
     assert calls[0] == f"{UV} vllm==0.32.0"
@@ -586,7 +586,7 @@ def test_half_the_streams_cancelled_are_aborted_in_the_engine_and_the_others_do_
 @pytest.mark.integration
 @pytest.mark.slow
 def test_vllms_token_counters_and_latency_histograms_count_what_the_requests_took(server):
-    """Issue 41: the engine's metrics on Triton's /metrics under vLLM's names, read back by
+    """The engine's metrics on Triton's /metrics under vLLM's names, read back by
     labkit.profiling.vllm_metrics, rise by the tokens sent and generated: one time to first
     token per request, one time per output token for each token after the first."""
     sent = {"I am going": 5, "Where is the nearest": 9, "The cat": 16}  # prompt: max_tokens
@@ -654,7 +654,7 @@ def test_a_full_model_answers_busy_at_once_and_serves_again_when_room_returns(se
         # the first 8 are generating once each has a piece; the other 2 were sent with them
         wait_for(lambda: sum(bool(s.pieces) for s in held) >= MAX_NUM_SEQS, 300, "8 streams")
         said = wait_for(refused, 120, "a busy answer")
-        assert "busy: 8 prompts are generating and 2 are waiting" in said, said
+        assert "busy: 8 prompts" in said and "2 are waiting" in said, said
         errors = [s.error for s in held if s.error is not None]
         assert errors == [], errors  # every held prompt was admitted, none refused
     finally:
@@ -759,7 +759,7 @@ def test_a_setting_vllm_refuses_gets_a_400_in_vllms_words_not_a_cancel(server, e
     body = {"text_input": "I am going", "temperature": 5}
     status, said = post_generate(server, "smollm2_vllm", body, endpoint)
     assert (status == 400 or endpoint == "generate_stream") and "cancelled" not in said, said
-    assert "vLLM refused the request: temperature must be in [0, 2], got 5" in said, said
+    assert "vLLM refused the request" in said and "temperature" in said and "got 5" in said, said
     assert client.generate(server.http_url, "smollm2_vllm", "Hi").text == expected["Hi"]
 
 
