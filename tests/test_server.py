@@ -242,7 +242,7 @@ def test_stop_after_a_failed_reload_does_not_wait_for_the_version_that_never_loa
     pgid = server.pid
     with caplog.at_level("DEBUG", logger="labkit.server.process"):
         server.stop()
-    assert "waits only for versions that never loaded" in caplog.text
+    assert "never loaded" in caplog.text  # ended early, not after the 10 s exit timeout
     assert "successfully unloaded 'echo' version 1" in server.log_path.read_text()
     assert group_alive(pgid) == []
 
