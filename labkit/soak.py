@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SoakSettings:
-    """What to load, how hard and for how long (the defaults are the issue's: 64 for 60 s)."""
+    """What to load, how hard and for how long (by default 64 clients for 60 s)."""
 
     model: str = "smollm2"
     concurrency: int = 64
@@ -304,7 +304,7 @@ INFLIGHT_SOAK_FIGURES = (
 
 @dataclass
 class InflightSoakSettings:
-    """Many streams for a while on the in-flight model (the issue's soak: 64 streams, 60 s)."""
+    """Many streams for a while on the in-flight model (by default 64 streams for 60 s)."""
 
     model: str = "smollm2_inflight"
     concurrency: int = 64

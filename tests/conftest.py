@@ -316,9 +316,9 @@ def imported_as_triton_does(version_dir: Path, module: str = "model"):
 # -- the notebooks carry the notebook marker; xdist hands out whole files, longest first -------
 #: tests/test_vllm_lora.py (its own vLLM server) is left out on purpose: listed at 150 s it ran
 #: early, beside notebook 06's and test_vllm_model.py's vLLM engines, and in that fresh-clone
-#: run (6601518) stubs crashed (error 7), two servers aborted (lock_exception) and a held stream
+#: run (2026-12-05) stubs crashed (error 7), two servers aborted (lock_exception) and a held stream
 #: of smollm2_vllm never ended; by tier weight it runs late, beside the fast tests.
-#: Seconds each file took on its worker in a fresh clone's ``make test`` (7496075: 2 workers,
+#: Seconds each file took on its worker in a fresh clone's ``make test`` (2026-12-04: 2 workers,
 #: 2 cores, 26:34 in all), the files of 5 s or more. Only the order the workers get files in
 #: depends on it: longest first, so that the two workers end together. Ordered by their tier
 #: markers, the files left test_aiperf.py (86 s) to run last, alone, for 97 s after the other

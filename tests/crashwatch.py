@@ -22,7 +22,7 @@ libc it happened:
   server ended before it; the stub's health thread exits the process while its main thread still
   waits on the shared memory that this exit unmapped. :data:`KNOWN` lists where the suite does
   that on purpose, with the reason; elsewhere it is reported, and fails only under
-  ``LABKIT_CRASH_CHECK=strict`` (its other triggers are not all found, see README's known issues).
+  ``LABKIT_CRASH_CHECK=strict`` (its other triggers are not all found, see docs/known-issues.md).
 - any other crash is reported, and fails under ``LABKIT_CRASH_CHECK=strict``.
 
 ``LABKIT_CRASH_CHECK=report`` fails no test: every crash is only listed at the end of the run.
@@ -114,7 +114,7 @@ def verdict(test: str, line: str, strict: bool = False) -> tuple[str, str]:
         return "fail", (
             "a Python object owning some of the stub's shared memory (a response sender, a "
             "request) was freed after the stub unmapped it: model code kept it in a reference "
-            "cycle until the interpreter's last garbage collection (README, Known issues); free it in "
+            "cycle until the interpreter's last garbage collection (docs/known-issues.md); free it in "
             "finalize (gc.collect()) or break the cycle"
         )
     what = f"a {kind!r} crash" if kind else "a crash of an unknown kind"

@@ -1,5 +1,5 @@
 """A server start that stopped moving is told from a slow one (labkit.server.stall) and started
-once more (TritonServer.start): the hang CI met in notebook 04 (stop 45).
+once more (TritonServer.start): the hang CI met in notebook 04 (2026-12-05, 2 cores).
 
 The watch's verdicts are checked on a fake process tree and a fake clock, so that they hold on a
 loaded host: each reading is what the test says it is. One test reads a real process tree."""

@@ -1,7 +1,7 @@
 """`labkit bench frontend`: the folders each way starts from, the per-round ratios and their
 verdict, the table, and the command line. The rounds themselves (Triton and vLLM's own servers
-up at once, pinned) need two vLLM engines per dtype and run by hand; their figures are in the
-issue's note."""
+up at once, pinned) need two vLLM engines per dtype and run by hand; their figures are in
+docs/benchmarks.md."""
 
 from __future__ import annotations
 

@@ -140,7 +140,8 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         # Triton's stub frees its shared memory before Python's last garbage collection, and an
-        # object owning some (a request, a sender) freed by it would crash the stub (issue 40)
+        # object owning some (a request, a sender) freed by it would crash the stub
+        # (docs/known-issues.md)
         gc.collect()
         gc.freeze()
 

@@ -170,7 +170,8 @@ class TritonPythonModel:
     def finalize(self) -> None:
         self.model = None
         # Triton's stub frees its shared memory before Python's last garbage collection, and an
-        # object owning some (a request's tensors) freed by it would crash the stub (issue 40)
+        # object owning some (a request's tensors) freed by it would crash the stub
+        # (docs/known-issues.md)
         gc.collect()
         gc.freeze()
 
