@@ -138,7 +138,9 @@ def test_this_runs_figures_stand_beside_the_benchmarks_with_its_date_shape_and_l
     here = table["this run"]
     assert here["shape"] == "8 clients, 32 requests of 4 to 64 tokens"
     assert here["vLLM in Triton, one step (ITL p50, ms)"] == "74"
-    assert here["vLLM in bfloat16, greedy answers under load as the plain model's"] == "6 of 8"
+    assert (
+        here["vLLM in bfloat16, greedy answers under load as the plain model's alone"] == "6 of 8"
+    )
     assert here["this CPU has bfloat16 instructions"] == "yes"
     assert here["failed requests"] == "0" and there["failed requests"] == "-"
 

@@ -102,7 +102,7 @@ def beside_benchmark(comparison: Comparison, benchmark: Benchmark | None = None)
         **{f"{name}, output tokens/s": f"{m[w]['output_tokens_per_s']:.1f}" for w, name in _NAMES.items()},
         "vLLM in Triton over the in-flight model": f"x{lead:.2f}",
         **{f"{name}, one step (ITL p50, ms)": f"{m[w]['itl_p50_ms']:.0f}" for w, name in _NAMES.items()},
-        **{f"{_NAMES.get(w, 'vLLM in bfloat16')}, greedy answers under load as the plain model's":
+        **{f"{_NAMES.get(w, 'vLLM in bfloat16')}, greedy answers under load as the plain model's alone":
            f"{a['equal_streaming']} of {a['compared']}" for w, a in answers.items() if a.get("compared")},
         "failed requests": str(sum(m[w]["failed"] for w in m)),
         "this CPU has bfloat16 instructions": {True: "yes", False: "no"}.get(h.get("avx512_bf16"), "-"),
