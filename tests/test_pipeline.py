@@ -604,7 +604,12 @@ def test_the_figures_and_the_table_show_the_measurements_in_words():
 def test_the_rounds_and_the_cache_rounds_have_a_row_each():
     rows = lesson.rounds_table(lesson_inputs()[1])
     assert len(rows) == 6 and set(rows["clients"]) == {1, 8}
-    assert list(rows["requests per execution"].unique()) == [1.0, 4.0]
+    single = rows[rows["served as"] != "ensemble, encoder step 2 instances"]
+    assert list(single["requests per execution"].unique()) == [1.0, 4.0]
+    assert (
+        rows.set_index("served as").loc["ensemble, encoder step 2 instances"].isna().sum().sum()
+        == 4
+    )
     hits = lesson_inputs()[2]
     both = lesson.hit_miss_table(hits, hits)
     assert list(both["served as"]) == ["one model"] * 2 + ["ensemble"] * 2

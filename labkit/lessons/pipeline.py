@@ -20,10 +20,13 @@ _SERVED_AS = {
 
 def rounds_table(frame: pd.DataFrame) -> pd.DataFrame:
     """perf_analyzer's rounds (:func:`labkit.pipeline.ensemble_rounds`): one row per way of
-    serving and client count, medians over the rounds."""
+    serving and client count, medians over the rounds. The ensemble's requests per execution and
+    time per execution are left blank: it runs each request once, and its steps do the batching."""
     rows = []
     for (model, clients), group in frame.groupby(["model", "concurrency"], sort=False):
         median = group[["throughput", "p50_ms", "avg_batch_size", "compute_infer_ms"]].median()
+        if model == PIPELINE:
+            median[["avg_batch_size", "compute_infer_ms"]] = float("nan")
         rows.append(
             {
                 "served as": _SERVED_AS.get(model, model),
@@ -113,7 +116,11 @@ def pipeline_conclusion(
         rounds_verdict(rounds, PIPELINE, MATCHED, low, alike),
         rounds_verdict(rounds, PIPELINE, MATCHED, high, alike),
         rounds_verdict(rounds, MATCHED, SINGLE, high, "2 instances of one model against 1"),
-        Verdict("repeated text against a new one, cached", list(p50["miss"] / p50["hit"]), "1/p50"),
+        Verdict(
+            "repeated text against a new one, cached",
+            list(p50["miss"] / p50["hit"]),
+            "speed (1/p50)",
+        ),
         Verdict(
             "ask against the same steps from the client",
             list(ttft[outside] / ttft[inside]),
@@ -125,7 +132,9 @@ def pipeline_conclusion(
     rows, cost = batch_cost(rounds, high)
     table = pd.DataFrame(
         {
-            "largest difference, ensemble against one model": f"{agreement.max_abs_diff:.1e}",
+            "largest difference, ensemble against one model": f"{agreement.max_abs_diff:.1e}"
+            if agreement.max_abs_diff
+            else "0",
             f"time of a batch of {rows:.1f} against 1 request (one model)": f"x{cost:.2f}",
             "repeated text p50 against new, one model (ms)": f"{hit:.2f} against {miss:.1f}",
             "repeated text p50 against new, ensemble (ms)": (
