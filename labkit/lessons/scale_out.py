@@ -34,7 +34,7 @@ class ScaleOutPrediction:
             index=["cores", "torch threads of one instance", "cores 1 instance can keep busy",
                    f"cores {n} instances (or replicas) can keep busy",
                    "requests per execution (1: no batching)",
-                   f"the most {n} instances (or replicas) can gain, in infer/s"],
+                   f"gain the idle cores allow, {n} against 1 (infer/s)"],
         )  # fmt: skip
 
 
