@@ -133,15 +133,8 @@ def find_model_analyzer() -> str | None:
 
 
 def server_cores() -> tuple[int, ...]:
-    """The cores notebook 04's rounds give their server: every usable core but the last
-    (:func:`labkit.hardware.split_cores`); on one core, that one. perf_analyzer is not pinned:
-    in the two fresh-clone ``make test`` runs that pinned it to the last core (and ran notebooks
-    04 and 06 on one worker), the rounds' stubs missed their health window and died; which of
-    the two changes caused it was not found, and both were undone.
-
-    Model Analyzer's own search is not pinned: its client gives a model 60 s to load, and on one
-    busy core two instances of a transformer took longer (the search then stopped with
-    ``'TimeoutError' object has no attribute 'message'``, Model Analyzer 1.58's own bug)."""
+    """Every usable core but the last (:func:`labkit.hardware.split_cores`); on one core, that
+    one: a server's share of the host when its client should keep a core of its own."""
     cores = hardware.usable_cores()
     return hardware.split_cores(cores)[0] if len(cores) > 1 else cores
 
