@@ -1,5 +1,5 @@
-"""Every notebook's last word: three lines computed from its figures, shown at its end and kept
-for the run's index. A gain, a tie and a loss read differently in each takeaway."""
+"""Every notebook's last word: at most three lines of figures and verdicts, shown at its end and
+kept for the run's index; 00, 01 and 02's own takeaways, by their figures."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import re
 
 import pandas as pd
 import pytest
-from test_lesson_batching import sweep
-from test_lesson_scale_out import conclude as scale_out
-from test_lessons import in_rounds, search
 
 from labkit import lab, lessons, report
 from labkit.errors import ConfigError
@@ -28,120 +25,59 @@ def test_a_takeaway_is_one_to_three_non_empty_lines():
         Takeaway.of(lessons.Conclusion(pd.DataFrame()))
 
 
-def test_setup_says_whether_the_lab_can_start_what_warned_and_what_did_not_run():
+def test_setup_says_ready_or_not_with_each_status_counted_and_named():
     checks = pd.DataFrame(
         {"check": ["python", "docker", "hf token", "perf_analyzer", "gpu"],
          "status": ["ok", "warn", "warn", "ok", "skipped"]}
     )  # fmt: skip
-    said = lessons.setup_takeaway(checks)
-    assert said.lines == (
-        "2 of 5 checks passed and 0 failed: this machine can run the lab's notebooks.",
-        "2 warned (docker, hf token): each row says what the lab does without it.",
-        "1 did not run (gpu): their rows say why.",
-    )
-    assert sentence_count(said.lines) == 3
-    failed = lessons.setup_takeaway(checks.assign(status=["fail", "ok", "ok", "ok", "ok"])).lines
-    assert failed == ("4 of 5 checks passed and 1 failed: fix python first, as their rows say.",)
+    said = lessons.setup_takeaway(checks).lines
+    assert said[0].startswith("Ready:") and "2 ok, 0 fail, 2 warn, 1 skipped" in said[0]
+    assert said[1:] == ("Warned: docker, hf token.", "Skipped: gpu.")
+    failed = lessons.setup_takeaway(checks.assign(status=["fail", "warn", "warn", "ok", "skipped"]))
+    assert failed.lines[0].startswith("Not ready:") and failed.lines[1] == "Failed: python."
+    assert len(failed.lines) == 3  # the failure first; skipped checks give way
     with pytest.raises(ConfigError, match="doctor.to_frame"):
         lessons.setup_takeaway(pd.DataFrame())
 
 
-def test_deploy_says_what_serving_took_that_every_way_agreed_and_the_stream():
+def test_deploy_gives_the_model_py_lines_the_answers_agreement_and_the_stream():
     ways = {"HTTP infer": "I am going to be. I'm", "gRPC": "I am going to be. I'm"}
     said = lessons.deploy_takeaway(
         "smollm2_first", ways, 0.1234, 27.04, model_py_lines=99, stream_model="smollm2_stream"
     ).lines
-    assert said == (
-        "Serving smollm2_first took a folder with a config.pbtxt and a 99-line model.py, whose "
-        "initialize loads the model and whose execute answers each request.",
-        "Greedy decoding picks the likeliest next token each time, so HTTP infer and gRPC all "
-        "returned the same answer.",
-        "Streamed token by token by smollm2_stream, the first token came after 0.12 s, then "
-        "27.0 tokens/s.",
-    )
+    assert "99-line model.py" in said[0]
+    assert said[1].startswith("Same greedy answer by all 2 ways")
+    assert "0.12 s" in said[2] and "27.0 tokens/s" in said[2]
     assert sentence_count(said) == 3  # the answers, which hold sentences, are not quoted
     ways["streaming"] = "I am going away"
     differed = lessons.deploy_takeaway("m", ways, 1, 2, model_py_lines=9, stream_model="s")
-    assert differed.lines[1].startswith("streaming returned another answer than HTTP infer and")
+    assert differed.lines[1] == "Answers differed: streaming against HTTP infer."
     with pytest.raises(ConfigError, match="needs the answers"):
         lessons.deploy_takeaway("m", {}, 1, 2, model_py_lines=9, stream_model="s")
 
 
-def test_multi_model_tells_a_search_by_words_from_one_by_meaning():
-    docs = ["trains to the airport.", "fresh bread every morning."]
-    by_words = lessons.search_conclusion(
-        "Where is a train?", pd.DataFrame({"document": docs, "score": [0.39, 0.36]})
-    )
-    by_meaning = lessons.search_conclusion(
-        "breakfast", pd.DataFrame({"document": docs[::-1], "score": [0.5, 0.1]})
-    )
+def test_multi_model_answers_how_many_fit_first_then_memory_live_changes_and_the_search():
+    from labkit.lessons.search import how_many_fit
+
+    fit = how_many_fit(pd.Series({"smollm2": 1.131}), 22.83).loc["smollm2"]
+    found = lessons.search_conclusion(
+        "breakfast?", pd.DataFrame({"document": ["fresh bread. Open daily.", "trains"],
+                                    "score": [0.5, 0.1]})
+    )  # fmt: skip
     said = lessons.multi_model_takeaway(
-        ["smollm2", "minilm"], [by_words, by_meaning], measured_gib=1.31, estimated_gib=1.7
-    ).lines
-    assert said[0] == (
-        "One server held 2 models (smollm2, minilm), each in its own process, in 1.31 GiB of "
-        "memory against the 1.70 GiB estimated."
-    )
-    assert said[1].startswith('Asked "Where is a train?", the search ranked "trains to the')
-    assert 'sharing the word "train" with the question' in said[1] and "0.030 ahead" in said[1]
-    assert "sharing no word with the question: it was found by meaning" in said[2]
-    assert sentence_count(said) == 3  # a quoted question or passage ends no sentence
-    fits = lessons.multi_model_takeaway(
-        ["minilm"], [], measured_gib=0.41, estimated_gib=0.6, free_gib=21.34
-    ).lines
-    assert fits[0].endswith(
-        "against the 0.60 GiB estimated, out of 21.3 GiB free: as many models fit as their "
-        "estimates add up to within the free memory."
-    )
-    alone = lessons.multi_model_takeaway(["minilm"], []).lines
-    assert alone == ("One server held 1 model (minilm), each in its own process.",)
-
-
-@pytest.mark.parametrize(
-    ("on_8", "expected"),
-    [
-        (8.0, "Dynamic batching served 3.2 times as many requests per second with 8 clients"),
-        (2.6, "With 8 clients, dynamic batching's 2.60 against 2.50 requests per second is within"),
-        (1.0, "With 8 clients, dynamic batching served fewer requests per second (1.00 against"),
-    ],
-    ids=["gain", "tie", "loss"],
-)
-def test_batching_takeaway_carries_the_conclusions_verdict(on_8, expected):
-    off = sweep({1: 2.0, 8: 2.5})
-    on = sweep({1: 2.0, 8: on_8}, {8: 5.0})
-    said = lessons.batching_conclusion(off, on).takeaway
-    assert len(said) == 1 and said[0].startswith(expected)
-    assert sentence_count(said) == 1
-
-
-@pytest.mark.parametrize(
-    ("winner_runs", "said"),
-    [([6.2, 6.1], "A max batch size of 4 was faster in every round against the default's 8"),
-     ([5.1, 4.8], "A max batch size of 4 tied with the default's 8 (x0.96 to x1.02 over 2 rounds)"),
-     ([4.0, 4.1], "A max batch size of 4 was slower in every round against the default's 8")],
-    ids=["gain", "tie", "loss"],
-)  # fmt: skip
-def test_analyzer_takeaway_gives_a_verdict_per_setting_and_the_pick(winner_runs, said):
-    rounds = in_rounds({"d": [5.0, 5.0], "w": winner_runs, "two": [3.0, 3.1]})
-    takeaway = lessons.confirm_winner(rounds, search(), "w", threads=1, cores=2).takeaway
-    assert takeaway[0].startswith(said)
-    assert takeaway[1].startswith("Two instances lost")
-    assert takeaway[2].startswith("Model Analyzer picked max batch size 8 -> 4 from one")
-    assert sentence_count(takeaway) == 3
-
-
-@pytest.mark.parametrize(
-    ("replicas", "verdict", "said"),
-    [(26.0, "gain", "replicas gained more than instances here"),
-     (28.0, "tie", "no difference beyond the noise of these rounds"),
-     (4.4, "loss", "replicas gained less than instances")],
-    ids=["gain", "tie", "loss"],
-)  # fmt: skip
-def test_scale_out_takeaway_says_what_replicas_buy(replicas, verdict, said):
-    instances = 15.0 if verdict == "gain" else 30.0
-    lines = scale_out(one=20.0, instances=instances, replicas=replicas).takeaway
-    assert lines[0].startswith("On 2 cores, 2 replicas behind HAProxy") and said in lines[0]
-    assert "failover" in lines[2] and sentence_count(lines) == 3
+        ["smollm2", "minilm"], held_gib=1.31, estimated_gib=1.7, fit=fit,
+        live=("minilm", "smollm2"), search=found,
+    ).lines  # fmt: skip
+    assert said[0].startswith("Copies of smollm2 that fit in memory: 20")
+    assert "22.83 / 1.131 = 20.18" in said[0]
+    assert "1.31 GiB measured" in said[1] and "1.70 GiB estimated" in said[1]
+    assert "minilm reloaded and smollm2 reconfigured" in said[1]
+    assert "(0.500, 0.400 ahead)" in said[2] and "sharing no word" in said[2]
+    assert sentence_count(said) == 3  # a quoted passage ends no sentence
+    alone = lessons.multi_model_takeaway(["minilm"], held_gib=0.41, estimated_gib=0.6).lines
+    assert alone == ("One server held minilm: 0.41 GiB measured against 0.60 GiB estimated.",)
+    with pytest.raises(ConfigError, match="models the server held"):
+        lessons.multi_model_takeaway([], held_gib=0, estimated_gib=0)
 
 
 def test_the_takeaway_is_kept_for_the_index_and_a_missing_one_is_said(tmp_path):
@@ -193,19 +129,6 @@ def test_the_labkit_command_runs_in_the_kernels_python_and_names_its_failure():
 
 def test_a_takeaway_reads_as_numbered_lines_in_text():
     assert repr(Takeaway(("a", "b"))) == "Takeaway:\n1. a\n2. b"
-
-
-def test_notebook_02s_takeaway_answers_its_question_first_what_fits_and_what_changed_live():
-    import pandas as pd
-
-    from labkit.lessons import Conclusion
-
-    words = Conclusion(pd.DataFrame(), {"question": "q", "winner": "w", "winner_score": 0.4})
-    meaning = Conclusion(pd.DataFrame(), {"question": "r", "winner": "m", "winner_score": 0.5})
-    said = lessons.multi_model_takeaway(["a", "b"], [words, meaning], live=("b", "a"))
-    assert said.lines[1].startswith("b was unloaded and loaded again, and a's configuration")
-    assert said.lines[2].startswith('Asked "r", the search ranked "m" first')
-    assert len(said.lines) == 3
 
 
 def test_a_shown_table_keeps_its_numbers_as_rounded_not_padded_to_six_decimals():

@@ -1,10 +1,5 @@
-"""A notebook's last word: three lines, each computed from what the notebook measured.
-
-Notebooks 03 to 07 end on a :class:`~labkit.lessons.conclusion.Conclusion`, which carries its
-takeaway; 00, 01 and 02 measure no comparison, and their takeaways are made here from what they
-checked and served. :func:`labkit.lab.takeaway` shows one at a notebook's end and keeps it for the
-run's ``index.html``.
-"""
+"""A notebook's last word (:class:`Takeaway`): at most three short lines of figures and verdicts.
+A :class:`Conclusion` carries its own; 00, 01 and 02 judge no comparison and get theirs here."""
 
 from __future__ import annotations
 
@@ -26,11 +21,14 @@ MAX_SENTENCES = 3
 #: Where one sentence ends and the next begins: a full stop, "!" or "?" before a space. A decimal
 #: point (``0.5``, ``x1.82``) has no space after it and does not end a sentence.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+#: A quoted question or passage, which is part of the sentence that quotes it.
+_QUOTED = re.compile(r'"[^"]*"')
 
 
 def sentence_count(lines: Iterable[str]) -> int:
     """How many sentences ``lines`` hold together (a line that ends without a stop is one)."""
-    return sum(len([s for s in _SENTENCE_END.split(str(line).strip()) if s]) for line in lines)
+    plain = [_QUOTED.sub('""', str(line)).strip() for line in lines]
+    return sum(len([s for s in _SENTENCE_END.split(line) if s]) for line in plain)
 
 
 @dataclass(frozen=True, repr=False)
@@ -81,35 +79,19 @@ def _names(names: Sequence[str]) -> str:
 
 
 def setup_takeaway(checks: pd.DataFrame) -> Takeaway:
-    """Notebook 00: whether the lab can start, what warned, and which checks did not run.
-
-    ``checks`` is :func:`labkit.doctor.to_frame`'s table (a ``check`` and a ``status`` column:
-    ``ok``, ``warn``, ``fail`` or ``skipped``). A skipped check is counted apart, never as passed.
-    """
+    """Notebook 00: ready or not, the count of each status, then the checks that failed, warned
+    and were skipped, by name (``checks`` is :func:`labkit.doctor.to_frame`'s table)."""
     if checks.empty or not {"check", "status"} <= set(checks.columns):
         raise ConfigError("setup_takeaway() needs doctor.to_frame()'s table of checks")
-    by = {
-        s: list(checks.loc[checks["status"] == s, "check"])
-        for s in ("ok", "warn", "fail", "skipped")
-    }
-    verdict = (
-        f"fix {_names(by['fail'])} first, as their rows say."
-        if by["fail"]
-        else "this machine can run the lab's notebooks."
-    )
-    lines = [
-        f"{len(by['ok'])} of {len(checks)} checks passed and {len(by['fail'])} failed: {verdict}"
-    ]
-    if by["warn"]:
-        lines.append(
-            f"{len(by['warn'])} warned ({_names(by['warn'])}): each row says what the lab does "
-            "without it."
-        )
-    if by["skipped"]:
-        lines.append(
-            f"{len(by['skipped'])} did not run ({_names(by['skipped'])}): their rows say why."
-        )
-    return Takeaway(tuple(lines))
+    by = {s: list(checks.loc[checks["status"] == s, "check"]) for s in STATUSES}
+    counts = ", ".join(f"{len(by[s])} {s}" for s in STATUSES)
+    lines = [f"{'Not ready' if by['fail'] else 'Ready'}: of {len(checks)} checks, {counts}."]
+    lines += [f"{said}: {_names(by[s])}." for s, said in STATUSES.items() if said and by[s]]
+    return Takeaway(tuple(lines[:MAX_LINES]))
+
+
+#: A check's statuses, in the takeaway's order, and how it names the checks that ended in each.
+STATUSES = {"ok": "", "fail": "Failed", "warn": "Warned", "skipped": "Skipped"}
 
 
 def deploy_takeaway(
@@ -121,90 +103,51 @@ def deploy_takeaway(
     model_py_lines: int,
     stream_model: str,
 ) -> Takeaway:
-    """Notebook 01: what serving a model took, whether every way of asking got the same greedy
-    answer, and how fast the answer streamed.
-
-    ``answers`` maps each way of asking (``"HTTP infer"``, ...) to the text it returned; the
-    first is the one the others are held to. ``model_py_lines`` counts the served ``model.py``.
-    """
+    """Notebook 01: what serving took, whether every way of asking (``answers``, each held to the
+    first one's text) got the same greedy answer, and the stream's two figures."""
     if not answers:
         raise ConfigError("deploy_takeaway() needs the answers, by the way each was asked")
-
-    def listed(ways: list[str]) -> str:
-        return ways[0] if len(ways) == 1 else f"{', '.join(ways[:-1])} and {ways[-1]}"
-
     first = next(iter(answers.values()))
-    agreed = [way for way, text in answers.items() if text == first]
-    differed = [way for way in answers if way not in agreed]
+    differed = [way for way, text in answers.items() if text != first]
     same = (
-        f"{listed(differed)} returned another answer than {listed(agreed)}, which greedy "
-        "decoding should never do: compare them in the cells above."
+        f"Answers differed: {_names(differed)} against {next(iter(answers))}."
         if differed
-        else f"Greedy decoding picks the likeliest next token each time, so {listed(agreed)} "
-        "all returned the same answer."
+        else f"Same greedy answer by all {len(answers)} ways of asking ({_names(answers)})."
     )
-    return Takeaway(
-        (
-            f"Serving {model} took a folder with a config.pbtxt and a {model_py_lines}-line "
-            "model.py, whose initialize loads the model and whose execute answers each request.",
-            same,
-            f"Streamed token by token by {stream_model}, the first token came after "
-            f"{ttft_s:.2f} s, then {tokens_per_s:.1f} tokens/s.",
-        )
-    )
+    stream = f"first token after {ttft_s:.2f} s, then {tokens_per_s:.1f} tokens/s"
+    served = f"Serving {model}: a config.pbtxt and a {model_py_lines}-line model.py."
+    return Takeaway((served, same, f"Streamed by {stream_model}: {stream}."))
 
 
 def multi_model_takeaway(
     served: Sequence[str],
-    searches: Sequence[Conclusion],
     *,
-    measured_gib: float | None = None,
-    estimated_gib: float | None = None,
+    held_gib: float,
+    estimated_gib: float,
+    fit: pd.Series | None = None,
     live: tuple[str, str] | None = None,
-    free_gib: float | None = None,
+    search: Conclusion | None = None,
 ) -> Takeaway:
-    """Notebook 02: how many models one server held (and in how much memory), what changed
-    while it served, and what each semantic search showed: a passage found by meaning, or one
-    that shares a word.
-
-    ``searches`` are :func:`labkit.lessons.search_conclusion` results (at most two are kept, one
-    when ``live`` is given: the notebook's question is what fits and what can change, so those
-    come first); ``measured_gib`` and ``estimated_gib`` are the models' resident memory together
-    and the plan's estimate (:meth:`labkit.capacity.Plan.compare`); ``live`` names the model
-    unloaded and reloaded and the one whose configuration was edited and reloaded; ``free_gib``,
-    the memory the plan found free, answers the notebook's question: how many fit.
-    """
+    """Notebook 02: how many copies of a model fit (``fit``, a row of
+    :func:`~labkit.lessons.search.how_many_fit`), the served models' memory, what changed live
+    (``live``: the model reloaded, the one reconfigured), and one search's figures."""
     if not served:
         raise ConfigError("multi_model_takeaway() needs the models the server held")
-    memory = (
-        f", in {measured_gib:.2f} GiB of memory against the {estimated_gib:.2f} GiB estimated"
-        if measured_gib is not None and estimated_gib is not None
-        else ""
-    )
-    if memory and free_gib is not None:
-        memory += (
-            f", out of {free_gib:.1f} GiB free: as many models fit as their estimates add up to "
-            "within the free memory"
-        )
-    held = f"{len(served)} model{'s' if len(served) != 1 else ''} ({_names(served)})"
-    lines = [f"One server held {held}, each in its own process{memory}."]
-    if live is not None:
-        unloaded, edited = live
+    lines = []
+    if fit is not None:
         lines.append(
-            f"{unloaded} was unloaded and loaded again, and {edited}'s configuration edited and "
-            "reloaded, without restarting the server or the other models."
+            f"Copies of {fit.name} that fit in memory: {fit['copies that fit']} "
+            f"({fit['available / one copy']})."
         )
-    for search in searches[len(lines) - MAX_LINES :]:
+    changed = f"; {live[0]} reloaded and {live[1]} reconfigured live" if live else ""
+    lines.append(
+        f"One server held {_names(served)}: {held_gib:.2f} GiB measured against "
+        f"{estimated_gib:.2f} GiB estimated{changed}."
+    )
+    if search is not None:
         f = search.figures
-        asked = f'Asked "{f["question"]}", the search' if f.get("question") else "The search"
-        lead = f", {f['margin']:.3f} ahead of the next" if "margin" in f else ""
-        how = (
-            "sharing the word "
-            + _names([f'"{w}"' for w in f["shared_words"]])
-            + " with the question, so a word search finds it too"
-            if f.get("shared_words")
-            else "sharing no word with the question: it was found by meaning"
-        )
-        lines.append(f'{asked} ranked "{f["winner"]}" first (score {f["winner_score"]:.3f}{lead}), '
-                     f"{how}.")  # fmt: skip
+        lead = f", {f['margin']:.3f} ahead" if "margin" in f else ""
+        words = _names(f["shared_words"]) or "no word"
+        lines.append(f'Search: "{f["question"]}" ranked "{f["winner"]}" first '
+                     f"({f['winner_score']:.3f}{lead}), sharing {words} with the question.")  # fmt: skip
     return Takeaway(tuple(lines))
