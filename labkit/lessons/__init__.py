@@ -6,7 +6,7 @@ sentences a learner reads, computed from those figures. A difference within the 
 called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
 """
 
-from labkit.lessons.analyzer import confirm_winner, search_findings
+from labkit.lessons.analyzer import confirm_winner, search_figures
 from labkit.lessons.batching import batching_conclusion
 from labkit.lessons.conclusion import (
     GAIN,
@@ -48,7 +48,7 @@ __all__ = [
     "scale_out_conclusion",
     "scale_out_prediction",
     "search_conclusion",
-    "search_findings",
+    "search_figures",
     "setup_takeaway",
     "verdict_table",
     "with_failover",
