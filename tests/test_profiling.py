@@ -153,16 +153,6 @@ def test_cores_pin_every_perf_analyzer_run_of_a_sweep(monkeypatch, tmp_path):
     assert pinned == [(1,)]
 
 
-def test_notebook_04s_rounds_give_the_server_every_core_but_the_last(monkeypatch):
-    from labkit import hardware
-    from labkit.profiling import analyzer
-
-    monkeypatch.setattr(hardware, "usable_cores", lambda: (0, 1, 2, 3))
-    assert analyzer.server_cores() == (0, 1, 2)
-    monkeypatch.setattr(hardware, "usable_cores", lambda: (5,))
-    assert analyzer.server_cores() == (5,)
-
-
 @pytest.mark.integration
 def test_a_sweep_gives_one_sane_row_per_concurrency_sorted(server, tmp_path):
     frame = profiling.perf_analyzer(

@@ -132,13 +132,6 @@ def find_model_analyzer() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("model-analyzer")
 
 
-def server_cores() -> tuple[int, ...]:
-    """Every usable core but the last (:func:`labkit.hardware.split_cores`); on one core, that
-    one: a server's share of the host when its client should keep a core of its own."""
-    cores = hardware.usable_cores()
-    return hardware.split_cores(cores)[0] if len(cores) > 1 else cores
-
-
 def write_wrapper(run_dir: Path) -> Path:
     """``run_dir/bin/tritonserver``: starts the located server with its backend and environment."""
     binary = locate_tritonserver()
