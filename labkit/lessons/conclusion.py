@@ -114,6 +114,8 @@ class Verdict:
 
 
 def _capital(text: str) -> str:
+    if text[1:2].isupper():  # a name spelled so: "vLLM in Triton", not "VLLM in Triton"
+        return text
     return text[:1].upper() + text[1:]
 
 
