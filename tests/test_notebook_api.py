@@ -70,3 +70,19 @@ def test_a_notebook_records_headline_figures_for_the_index(notebook):
     cells = json.loads(notebook.read_text())["cells"]
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert "lab.record(" in code, f"{notebook.name} records no figures: its index row is empty"
+
+
+#: The notebooks that compare two things in rounds and judge the difference.
+JUDGING = ("03", "04", "05", "06", "07", "08")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_judging_notebook_shows_its_verdict_table_and_explains_in_markdown(notebook):
+    """A notebook that judges shows the verdict table (each round, median, spread, verdict);
+    every notebook's why is markdown a host can edit, not text its code prints."""
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    if notebook.name[:2] in JUDGING:
+        assert ".verdict_table()" in code, f"{notebook.name} shows no verdict table"
+    assert words >= 300, f"{notebook.name}: {words} words of markdown"
