@@ -35,7 +35,7 @@ def rounds_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "infer/s (each round)": ", ".join(f"{v:.1f}" for v in group["throughput"]),
                 "p50 (ms)": round(median["p50_ms"], 1),
                 "requests per execution": round(median["avg_batch_size"], 1),
-                "time per execution (ms)": round(median["compute_infer_ms"], 1),
+                "its batch's run, per request (ms)": round(median["compute_infer_ms"], 1),
             }
         )
     return pd.DataFrame(rows)
