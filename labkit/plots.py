@@ -30,7 +30,10 @@ PART_COLOURS = {
     "compute infer": "#3182bd",
     "compute output": "#08519c",
     "client and network": "#bdbdbd",
+    "other": "#d9d9d9",
 }
+#: The share of the time a part of the breakdown needs to be drawn on its own.
+SMALL_PART = 0.02
 #: The configurations every lesson names, each with its own colour.
 KNOWN_COLOURS = {"batching off": "#8c8c8c", "batching on": "#76b900"}
 #: The colours of any other configuration, handed out in sorted order of the names.
@@ -155,17 +158,19 @@ def _frame(data: pd.DataFrame | Iterable[pd.DataFrame], needs: Iterable[str]) ->
 def throughput_vs_latency(
     data: pd.DataFrame | Iterable[pd.DataFrame], latency: str = "p99_ms", title: str | None = None
 ):
-    """Throughput against latency, one line per configuration, each point one concurrency."""
+    """Throughput against latency, one line per configuration, each point one concurrency
+    (labelled with its clients where a configuration was measured at more than one)."""
     import plotly.express as px  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
     frame = _frame(data, ["throughput", latency, "concurrency"])
+    levels = frame.groupby("config")["concurrency"].nunique().max() > 1
     fig = px.line(
         frame,
         x=latency,
         y="throughput",
         color="config",
         markers=True,
-        text="concurrency",
+        text="concurrency" if levels else None,
         color_discrete_map=colours(frame["config"]),
         labels={
             latency: f"{latency.removesuffix('_ms')} latency (ms)",
@@ -176,7 +181,8 @@ def throughput_vs_latency(
     fig.update_traces(textposition="top center")
     fig.update_xaxes(rangemode="tozero")
     round_ticks(fig)
-    return _finish(fig, title or "Throughput against latency (labels: clients)")
+    clients = " (labels: clients)" if levels else f" at {frame['concurrency'].iloc[0]} clients"
+    return _finish(fig, title or "Throughput against latency" + clients)
 
 
 def latency_breakdown(data: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = None):
@@ -188,10 +194,22 @@ def latency_breakdown(data: pd.DataFrame | Iterable[pd.DataFrame], title: str | 
     if "avg_latency_ms" in frame:
         frame = frame.assign(other_ms=(frame["avg_latency_ms"] - frame[parts].sum(axis=1)).clip(0))
         parts.append("other_ms")
+    # A part under SMALL_PART of the time is too thin to see: the small ones become one "other",
+    # left out (the title says so) when even together they are too thin.
+    shares = frame[parts].sum() / frame[parts].sum().sum()
+    small = [p for p in parts if shares[p] < SMALL_PART]
+    if small:
+        frame = frame.assign(small_ms=frame[small].sum(axis=1))
+        parts = [p for p in parts if p not in small]
+        if shares[small].sum() >= SMALL_PART:
+            parts.append("small_ms")
+        else:
+            title = title or f"Where the time goes (parts under {SMALL_PART:.0%} left out)"
     long = frame.melt(
         id_vars=["config", "concurrency"], value_vars=parts, var_name="part", value_name="ms"
     )
-    long["part"] = long["part"].map({**BREAKDOWN, "other_ms": "client and network"})
+    names = {**BREAKDOWN, "other_ms": "client and network", "small_ms": "other"}
+    long["part"] = long["part"].map(names)
     fig = px.bar(
         long,
         x=long["concurrency"].astype(str),
@@ -228,7 +246,7 @@ def batching_comparison(
 ):
     """Batching off against on, per concurrency: throughput (bars, left panel) and latency
     (lines, right panel). Two panels, not two y axes on one: a line drawn over bars of its own
-    colour vanished where it crossed them (a reader saw no p99 at 1 client at all)."""
+    colour vanished where it crossed them (the p99 at 1 client did not show at all)."""
     import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
     from plotly.subplots import make_subplots  # noqa: PLC0415 (plotting loads when a chart is drawn)
 
@@ -311,7 +329,7 @@ def queue_delay(data: pd.DataFrame, title: str | None = None):
     """Where a request's time went in each setting of a queue-delay experiment, stacked (queue
     wait, then its batch's execution), with the requests per execution above each bar.
 
-    ``data`` has one row per round and setting (:func:`labkit.lessons.batching.delay_rounds`):
+    ``data`` has one row per round and setting (:func:`labkit.profiling.arrivals.delay_rounds`):
     ``setting``, ``queue_ms``, ``compute_ms`` and ``batch``; rounds are averaged, settings keep
     their order."""
     import plotly.graph_objects as go  # noqa: PLC0415 (plotting loads when a chart is drawn)
@@ -320,11 +338,11 @@ def queue_delay(data: pd.DataFrame, title: str | None = None):
     if missing:
         raise ConfigError(
             f"the frame has no column {', '.join(map(repr, missing))}; pass the rows of "
-            "labkit.lessons.batching.delay_rounds"
+            "labkit.profiling.arrivals.delay_rounds"
         )
     mean = data.groupby("setting", sort=False)[["queue_ms", "compute_ms", "batch"]].mean()
     # the batch's run is shared by its requests: what each costs the model is the run over the
-    # batch, the saving a queue delay buys (a reader saw only the longer run, and a pure cost)
+    # batch, the saving a queue delay buys (the longer run alone reads as a pure cost)
     each = mean["compute_ms"] / mean["batch"]
     fig = go.Figure()
     parts = (

@@ -189,3 +189,23 @@ def test_every_chart_names_both_its_axes():
         if not fig.layout[axis].title.text
     ]
     assert untitled == []
+
+
+def test_parts_too_thin_to_see_leave_the_breakdown_and_its_title_says_so():
+    fig = plots.latency_breakdown([OFF, ON])
+    assert {trace.name for trace in fig.data} == {"queue", "compute infer"}
+    assert "parts under 2% left out" in fig.layout.title.text
+
+
+def test_thin_parts_that_add_up_to_a_visible_share_are_drawn_together_as_other():
+    thick = OFF.assign(compute_input_ms=[20.0, 20.0, 20.0], compute_output_ms=[20.0, 20.0, 20.0])
+    fig = plots.latency_breakdown([thick])
+    assert {trace.name for trace in fig.data} == {"queue", "compute infer", "other"}
+
+
+def test_points_carry_their_clients_only_where_a_line_has_more_than_one():
+    assert all(trace.text is not None for trace in plots.throughput_vs_latency([OFF, ON]).data)
+    one_level = [f[f["concurrency"] == 4] for f in (OFF, ON)]
+    fig = plots.throughput_vs_latency(one_level)
+    assert all(trace.text is None for trace in fig.data)
+    assert "at 4 clients" in fig.layout.title.text
