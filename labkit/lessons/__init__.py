@@ -1,9 +1,11 @@
-"""The conclusions the lab's measurements support, stated next to the tutorial's own figures.
+"""The figures and verdicts of the lab's lessons; the words that explain them are the notebooks'
+markdown.
 
 One module per notebook's lesson. Each function takes what a notebook measured and returns a
-:class:`Conclusion`: a table, the headline figures (for :func:`labkit.lab.record`) and the
-sentences a learner reads, computed from those figures. A difference within the measured noise is
-called so, never a win; a gain or a loss is stated one way, as a :class:`Ratio`.
+:class:`Conclusion`: the tables, the verdicts (:class:`Verdict`, judged by the lab's one rule,
+:func:`judge`), the headline figures (for :func:`labkit.lab.record`) and a takeaway of at most
+three sentences built from those verdicts. A gain or a loss is stated one way, as a
+:class:`Ratio`; a difference within the noise is a tie.
 """
 
 from labkit.lessons.analyzer import confirm_winner, search_figures
@@ -20,7 +22,7 @@ from labkit.lessons.conclusion import (
     verdict_table,
 )
 from labkit.lessons.inflight import inflight_conclusion
-from labkit.lessons.instances import INSTANCES_ACROSS, InstancePrediction, predict_instances
+from labkit.lessons.instances import InstancePrediction, predict_instances
 from labkit.lessons.neuron import neuron_conclusion
 from labkit.lessons.scale_out import scale_out_conclusion, scale_out_prediction, with_failover
 from labkit.lessons.search import search_conclusion
@@ -28,7 +30,6 @@ from labkit.lessons.takeaway import Takeaway, deploy_takeaway, multi_model_takea
 
 __all__ = [
     "GAIN",
-    "INSTANCES_ACROSS",
     "NOISE_RULE",
     "Conclusion",
     "InstancePrediction",

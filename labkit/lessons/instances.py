@@ -14,12 +14,6 @@ import pandas as pd
 
 from labkit.errors import ConfigError
 
-#: One line that notebooks may print beside their instance figures.
-INSTANCES_ACROSS = (
-    "Instances on a CPU: a second instance gains only where a core is idle, up to about 2x on "
-    "2 cores, less where one instance already runs batches, and nothing where no core is idle."
-)
-
 #: A request count per execution from which one instance counts as batching.
 BATCHING = 1.5
 
