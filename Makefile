@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 install:
 	bash scripts/install.sh
 
+# The lab end to end, every exercise's reference solution put in: each check must pass.
 demo: install
-	$(BIN)/labkit run
+	$(BIN)/labkit run --solutions
 
 # The fast tier: lint, then every test that starts no server, kernel or other process (about 30 s
 # on 2 cores, 2026-12-02). The marker rule that keeps it so is tests/conftest.py's FastTierGuard:

@@ -60,6 +60,10 @@ TEST_PARAMETERS: dict[str, dict[str, object]] = {
         "TEXTS_PER_ROUND": 5,
     },
 }
+#: Every exercise runs with its reference solution put in (as ``labkit run --solutions`` does), so
+#: the suite shows each check passing against the live server; a failing one fails its notebook.
+for _notebook in sorted((Path(__file__).parent / "notebooks").glob("0[1-8]_*.ipynb")):
+    TEST_PARAMETERS.setdefault(_notebook.name, {})["SOLUTIONS"] = True
 
 
 class _CleanRun(nbmake.pytest_items.NotebookRun):

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: The parameter through which the runner hands a notebook its own working folder.
 RUN_DIR_PARAMETER = "RUN_DIR"
+#: The parameter ``labkit run --solutions`` sets: each exercise's reference solution is put in.
+SOLUTIONS_PARAMETER = "SOLUTIONS"
 
 
 # -- inputs -------------------------------------------------------------------------------------

@@ -24,6 +24,12 @@ def register(sub) -> None:
         help="set a notebook parameter (YAML-typed value)",
     )
     p.add_argument("--params", metavar="FILE.yaml", help="a YAML mapping of parameters")
+    p.add_argument(
+        "--solutions",
+        action="store_true",
+        help="put each exercise's reference solution in (SOLUTIONS=True); a failing check stops "
+        "its notebook",
+    )
     p.add_argument("--kernel", help="Jupyter kernel name (default: python3, this Python)")
     p.add_argument(
         "--cell-timeout",
@@ -41,6 +47,8 @@ def register(sub) -> None:
 
 def _cli(args) -> int:
     params = headless.parse_parameters(args.parameter, args.params)
+    if args.solutions:
+        params[headless.SOLUTIONS_PARAMETER] = True
     report = headless.run_notebooks(
         args.notebooks,
         args.out,
