@@ -26,11 +26,12 @@ def notebooks(tmp_path: Path) -> Path:
     write_notebook(
         folder / "01_good.ipynb",
         "import json, sys\nfrom labkit.runs import run_folder\nrun = run_folder(RUN_DIR)",
-        "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run)}\n"
+        "facts = {'python': sys.executable, 'count': count, 'label': label, 'run': str(run),\n"
+        "         'solutions': SOLUTIONS}\n"
         "(run / 'facts.json').write_text(json.dumps(facts))",
         "import plotly.graph_objects as go\n"
         "go.Figure(go.Bar(x=['a', 'b'], y=[count, 7], name='bars-from-the-notebook'))",
-        parameters="count = 1\nlabel = 'default'\nRUN_DIR = None",
+        parameters="count = 1\nlabel = 'default'\nRUN_DIR = None\nSOLUTIONS = False",
     )
     write_notebook(
         folder / "02_bad.ipynb",
@@ -61,6 +62,7 @@ def test_a_notebook_runs_in_this_python_with_typed_parameters_into_its_run_folde
         "count": 3,
         "label": "42",
         "run": str(tmp_path / "out" / "01_good"),
+        "solutions": False,
     }
     executed = nbformat.read(tmp_path / "out" / "01_good.ipynb", as_version=4)
     assert "injected-parameters" in executed.cells[2].metadata.tags
@@ -200,11 +202,12 @@ def test_a_notebook_named_by_prefix_runs_and_the_cli_exits_zero_with_a_fake_proj
             "6",
             "--cell-timeout",
             str(CELL_TIMEOUT_S),
+            "--solutions",
         ]
     )
     assert code == 0
     facts = json.loads((tmp_path / "o" / "01_good" / "facts.json").read_text())
-    assert (facts["count"], facts["label"]) == (6, "from-yaml")
+    assert (facts["count"], facts["label"], facts["solutions"]) == (6, "from-yaml", True)
 
 
 # -- bad input is refused before anything starts ------------------------------------------------
@@ -216,11 +219,17 @@ def test_a_notebook_that_does_not_exist_is_refused_naming_the_available_ones(not
 
 
 def test_an_undeclared_parameter_is_an_error_naming_the_declared_ones(notebooks, tmp_path):
-    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*RUN_DIR, count, label"):
+    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*RUN_DIR, SOLUTIONS, count, label"):
         run([notebooks / "01_good.ipynb"], tmp_path / "out", {"cuont": 3})
     assert not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match="use --out"):
         run([notebooks / "01_good.ipynb"], tmp_path / "out", {"RUN_DIR": "/tmp"})
+
+
+def test_solutions_for_notebooks_without_exercises_is_refused(notebooks, tmp_path, monkeypatch):
+    monkeypatch.setattr(headless, "project_root", lambda: tmp_path)
+    assert main(["run", "02", "--solutions", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_parameter_goes_only_to_the_notebooks_that_declare_it(notebooks):
