@@ -1,4 +1,4 @@
-"""``labkit bench batching | inflight | frontend | inflight-soak | soak | pipeline``: benchmarks that write their figures
+"""``labkit bench batching | inflight | frontend | vllm-start | inflight-soak | soak | pipeline``: benchmarks that write their figures
 (JSON and a table)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from labkit import bench, llm_serving, pipeline, soak
-from labkit.llm_serving import frontend
+from labkit.llm_serving import frontend, startup
 from labkit.runs import run_folder
 
 
@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.set_defaults(handler=_cli_batching)
     _register_inflight(kinds)
     _register_frontend(kinds)
+    _register_vllm_start(kinds)
     d = soak.SoakSettings()
     p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
     p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
@@ -192,6 +193,38 @@ def _register_frontend(kinds) -> None:
     )
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.set_defaults(handler=_cli_frontend)
+
+
+def _register_vllm_start(kinds) -> None:
+    d = startup.StartSettings()
+    p = kinds.add_parser(
+        "vllm-start",
+        help="vLLM's own server's start-up, eager against compiled (cold and cached), per dtype",
+        description="One server at a time. Per dtype: a compiled start with an empty compile "
+        "cache, then eager and cached compiled starts in turns; each timed to /health and to "
+        "its first answer, with the load average; the compile cache's size.",
+    )
+    p.add_argument("--model-repository", default="model_repository", help="source model repository")
+    p.add_argument("--vllm-model", default=d.vllm_model, help="vLLM model folder")
+    p.add_argument("--dtype", type=_names, default=d.dtypes, help="float32,bfloat16")
+    p.add_argument("--turns", type=int, default=d.turns, help="eager/cached pairs per dtype")
+    p.add_argument("--run-dir", help="where the copy, logs and caches go (default: runs/...)")
+    p.add_argument("--json", help="also write the figures to this JSON file")
+    p.set_defaults(handler=_cli_vllm_start)
+
+
+def _cli_vllm_start(args) -> int:
+    settings = startup.StartSettings(
+        vllm_model=args.vllm_model, dtypes=args.dtype, turns=args.turns
+    )
+    run_dir = run_folder(args.run_dir, notebook="bench-vllm-start")
+    result = startup.run(run_dir, settings, source=args.model_repository)
+    text = startup.table(result)
+    (run_dir / "vllm-start.txt").write_text(text + "\n")
+    print(text)
+    _also_write(args.json, result)
+    print(f"run folder: {run_dir}")
+    return 0
 
 
 def _cli_frontend(args) -> int:
