@@ -16,6 +16,7 @@ from labkit.exercises.pipeline import (
     judge_answers,
     judge_served,
     load_refusal,
+    refusal_reason,
 )
 from labkit.repository import prepare_run_repository
 
@@ -31,6 +32,12 @@ def test_the_refusal_is_read_from_the_servers_log():
     )
     assert load_refusal(log) == "output 'vector' for ensemble 'my_pipeline' is not written"
     assert load_refusal(log, "other") is None
+    error = "Triton could not load model 'my_pipeline': failed to poll from model repository"
+    assert refusal_reason(error, log) == "output 'vector' for ensemble 'my_pipeline' is not written"
+    error = "Triton could not load model 'my_pipeline': load failed: inconsistent data type\n."
+    assert (
+        refusal_reason(error, log) == "load failed: inconsistent data type"
+    )  # not the log's older one
 
 
 def served(steps, inputs=("text",), outputs=("vector",), platform="ensemble"):
@@ -100,7 +107,8 @@ def test_a_crossed_map_is_refused_and_the_check_says_triton_s_reason(live):
 def test_a_missing_step_is_refused(live):
     outcome = run(ONE_STEP, live)
     assert outcome.status == FAILED, outcome
-    assert "Triton refused" in outcome.seen or "two steps" in outcome.expected
+    assert "inconsistent data type" in outcome.seen, outcome  # Triton's own words
+    assert "Is every step there" in outcome.hint
 
 
 @pytest.mark.integration
@@ -120,3 +128,11 @@ def test_the_reference_loads_and_embeds_as_the_single_model_does(live):
     outcome = run(..., live, solutions=True)
     assert outcome.status == PASSED, outcome
     assert "an ensemble of minilm_tokenize then minilm_encode" in outcome.seen
+
+
+@pytest.mark.integration
+def test_keys_renamed_instead_of_values_are_refused_with_the_missing_input(live):
+    keys = REFERENCE.replace('key: "text_input" value: "text"', 'key: "text" value: "text"')
+    outcome = run(keys, live)
+    assert outcome.status == FAILED, outcome
+    assert "non-existing input text in model minilm_tokenize" in outcome.seen

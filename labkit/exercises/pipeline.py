@@ -81,14 +81,25 @@ def load_refusal(log_tail: str, name: str = NAME) -> str | None:
     return found[-1] if found else None
 
 
-def judge_refused(reason: str | None, error: str) -> Check:
-    """The outcome when Triton would not load the learner's ensemble."""
+def judge_refused(reason: str) -> Check:
+    """The outcome when Triton would not load the learner's ensemble, for Triton's ``reason``."""
+    hint = MAP_HINT
+    if "inconsistent data type" in reason:
+        hint = (
+            "a tensor is used where one of another type is expected: the tokenizer's ids and "
+            f"mask are INT64, the encoder's embedding (your {OUTPUT!r}) FP32. Is every step "
+            "there, and does each map name the right tensor? " + MAP_HINT
+        )
     return failed(
-        TITLE,
-        f"Triton refused to load {NAME}: {reason or error}.",
-        f"{NAME} loaded, READY.",
-        MAP_HINT,
+        TITLE, f"Triton refused to load {NAME}: {reason}.", f"{NAME} loaded, READY.", hint
     )
+
+
+def refusal_reason(error: str, log_tail: str) -> str:
+    """Triton's reason for refusing the model: the load API's own message, or where that says
+    only "failed to poll from model repository", the latest reason the server's log gives."""
+    reason = (load_refusal(log_tail) if "failed to poll" in error else None) or error
+    return re.sub(r"^Triton could not load model '[^']*': ", "", reason.strip()).rstrip(" .\n")
 
 
 def judge_served(served: dict) -> Check | None:
@@ -192,7 +203,7 @@ def check(answer: Any, *, server: TritonServer, repository: Repository, **_: Any
     try:
         server.load_model(NAME)
     except ServerError as exc:
-        return judge_refused(load_refusal(server.log_tail(200)), str(exc))
+        return judge_refused(refusal_reason(str(exc), server.log_tail(200)))
     with server.client() as client:
         served = client.get_model_config(NAME)
     wrong = judge_served(served)
