@@ -51,13 +51,15 @@ def test_bad_settings_are_refused():
 
 def test_the_cache_root_is_set_inside_and_restored_after(tmp_path, monkeypatch):
     monkeypatch.setenv(startup.CACHE_ROOT, "/before")
-    with startup.cache_root(tmp_path):
+    monkeypatch.delenv(startup.AOT, raising=False)
+    with startup.environment(**{startup.CACHE_ROOT: str(tmp_path), startup.AOT: None}):
         assert os.environ[startup.CACHE_ROOT] == str(tmp_path)
+        assert startup.AOT not in os.environ
     assert os.environ[startup.CACHE_ROOT] == "/before"
     monkeypatch.delenv(startup.CACHE_ROOT)
-    with startup.cache_root(tmp_path):
-        pass
-    assert startup.CACHE_ROOT not in os.environ
+    with startup.environment(**{startup.CACHE_ROOT: str(tmp_path), startup.AOT: "0"}):
+        assert os.environ[startup.AOT] == "0"
+    assert startup.CACHE_ROOT not in os.environ and startup.AOT not in os.environ
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "b").write_bytes(b"x" * 10)
     assert startup.folder_bytes(tmp_path) == 10

@@ -41,6 +41,8 @@ from .standalone import start_standalone
 RESULT_NAME = "vllm-start"
 #: vLLM's variable for the root of its caches (the compiled graphs go in its torch_compile_cache/).
 CACHE_ROOT = "VLLM_CACHE_ROOT"
+#: vLLM's switch for its ahead-of-time compile cache (on by default with torch 2.10 and later).
+AOT = "VLLM_USE_AOT_COMPILE"
 #: How much longer than eager a warm compiled start may take for compiled to be the CPU default.
 ACCEPTABLE_EXTRA_S = 30.0
 
@@ -52,6 +54,7 @@ class StartSettings:
     vllm_model: str = "smollm2_vllm"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     turns: int = 2
+    aot: bool | None = None  # VLLM_USE_AOT_COMPILE for the compiled starts; None: vLLM's default
     startup_timeout_s: float = 1200.0
 
     def check(self) -> StartSettings:
@@ -99,17 +102,19 @@ def write_folders(repo: Repository, s: StartSettings) -> dict[tuple[str, bool], 
 
 
 @contextlib.contextmanager
-def cache_root(path: Path) -> Iterator[None]:
-    """vLLM's cache root set to ``path`` for the servers started inside (restored after)."""
-    before = os.environ.get(CACHE_ROOT)
-    os.environ[CACHE_ROOT] = str(path)
+def environment(**variables: str | None) -> Iterator[None]:
+    """``variables`` set (None: left as they are) for the servers started inside, restored after."""
+    given = {name: value for name, value in variables.items() if value is not None}
+    before = {name: os.environ.get(name) for name in given}
+    os.environ.update(given)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(CACHE_ROOT, None)
-        else:
-            os.environ[CACHE_ROOT] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def folder_bytes(path: Path) -> int:
@@ -166,7 +171,8 @@ def run(
     began = time.monotonic()
     for dtype, kind, turn in plan(s):
         cache = run_dir / f"vllm-cache-{dtype}"
-        with cache_root(cache):
+        aot = None if s.aot is None or kind == "eager" else str(int(s.aot))
+        with environment(**{CACHE_ROOT: str(cache), AOT: aot}):
             figures = time_start(run_dir, repo, folders[(dtype, kind == "eager")], s)
         result.starts.append({"dtype": dtype, "kind": kind, "turn": turn, **figures})
         if kind == "cold":
