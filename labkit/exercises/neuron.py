@@ -200,7 +200,7 @@ def _served(server, compiled, flags, split: list[str], said: str) -> Check:
     generate_model(opts)
     start = server.log_path.stat().st_size if server.log_path else 0
     try:
-        reload(server, MODEL)
+        reload(server, MODEL, warm=False)  # the one request below is the check's own
         served = served_config(server, MODEL)
         instances = sum(int(g.get("count", 1)) for g in served.get("instance_group", []))
         a, b = np.array([[5, 7, 9, 11]]), np.array([[1, 2, 3, 4]])
@@ -243,7 +243,10 @@ def _logged_instances(server, start: int) -> dict[str, str]:
     with open(server.log_path, "rb") as f:
         f.seek(start)
         text = f.read().decode("utf-8", "replace")
-    return {f"{MODEL}_{m['group']}_{m['index']}": m["cores"] for m in _INSTANCE_LINE.finditer(text)}
+    found = {
+        f"{MODEL}_{m['group']}_{m['index']}": m["cores"] for m in _INSTANCE_LINE.finditer(text)
+    }
+    return dict(sorted(found.items()))
 
 
 def _remove(server, folder: Path) -> None:
