@@ -35,8 +35,8 @@ TODO = (
     "set MY_DELAY_US to a max_queue_delay_microseconds (a whole number) and run that cell: it "
     "writes the delay into the delayed twin's config and reloads it"
 )
-#: Paced requests in the check's round: seconds in all, and at least two batches' worth.
-ROUND_REQUESTS = 6
+#: Paced requests in the check's round: two batches of the reference delay's pairs, seconds in all.
+ROUND_REQUESTS = 4
 #: The budget's slack over one request's compute, in arrival gaps.
 BUDGET_GAPS = 3.0
 #: The reference delay, in arrival gaps: pairs form, far inside the budget.
