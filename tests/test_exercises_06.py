@@ -77,6 +77,28 @@ def test_the_best_round_counts():
     assert judge(8, 8, [WAVES, AT_ONCE], CLIENTS).passed
 
 
+def test_a_burst_within_the_budget_decides_and_one_over_it_is_sent_again(monkeypatch):
+    served = {"parameters": {PARAMETER: {"string_value": "8"}}}
+    monkeypatch.setattr(exercise, "served_config", lambda server, model: served)
+    sent: list[Burst] = []
+
+    def answering(*bursts: Burst) -> None:
+        """The bursts the server answers, in turn; ``sent`` keeps those the check sent."""
+        sent.clear()
+        queue = list(bursts)
+        monkeypatch.setattr(exercise, "burst", lambda *args: sent.append(queue.pop(0)) or sent[-1])
+
+    answering(AT_ONCE, AT_ONCE)
+    assert exercises.run(KEY, 8, server=None, model=MODEL, clients=CLIENTS).passed
+    assert sent == [AT_ONCE]
+    answering(WAVES, AT_ONCE)
+    assert exercises.run(KEY, 8, server=None, model=MODEL, clients=CLIENTS).passed
+    assert sent == [WAVES, AT_ONCE]
+    served["parameters"].clear()
+    unset = exercises.run(KEY, 8, server=None, model=MODEL, clients=CLIENTS)
+    assert unset.status == exercises.FAILED and "not set" in unset.seen
+
+
 @pytest.mark.parametrize("bad", [0, -3, "8", 2.5, True])
 def test_a_cap_the_model_refuses_fails_without_asking_the_server(bad):
     outcome = exercises.run(KEY, bad, server=None, model=MODEL, clients=CLIENTS)

@@ -69,7 +69,7 @@ def served_cap(server: Any, model: str) -> int | None:
 
 def burst(server: Any, model: str, clients: int, tokens: int = TOKENS) -> Burst:
     """Send ``clients`` streaming requests at once and time each one's tokens."""
-    start = threading.Barrier(clients)
+    start = threading.Barrier(clients, timeout=60.0)
 
     def one(_: int):
         start.wait()
@@ -101,7 +101,8 @@ def judge(answer: Any, cap: int | None, bursts: list[Burst], clients: int) -> Ch
     if cap != answer:
         return failed(
             TITLE,
-            f"the server runs the model with {PARAMETER} {cap}; your answer is {answer}.",
+            f"the server runs the model with {PARAMETER} "
+            f"{'not set (the engine default, 16)' if cap is None else cap}; your answer is {answer}.",
             f"the config the server reports to say {PARAMETER} {answer}.",
             "write it to the run's config and reload the model: the two commented lines of your "
             "cell, uncommented. If the reload raised an error, Triton refused the config and kept "
