@@ -9,6 +9,7 @@ public surface. Importing this package loads none of them, and no model library.
 - ``client``, ``streaming``, ``widgets``: talk to a model (one answer, tokens as they come, a
   prompt box);
 - ``profiling``, ``plots``, ``lessons``: measure a served model, chart it, say what it shows;
+- ``exercises``: the learner's turn at a notebook's end, checked on the live server;
 - ``capacity``, ``embedding``, ``llm_serving``, ``cluster``, ``deploy``, ``hardware``, ``neuron``,
   ``doctor``, ``pipeline``: one notebook's subject each.
 
@@ -20,7 +21,7 @@ Dependencies point one way, from the top layer down; ``tests/test_layers.py`` ho
 4. talking to a server and measuring it: ``client``, ``streaming``, ``load``, ``embedding``,
    ``profiling/``, ``capacity``, ``neuron/``, ``cluster/``, ``deploy/``;
 5. the lab around it: ``lab``, ``headless``, ``report``, ``widgets``, ``plots``, ``lessons``,
-   ``doctor``, ``bench``, ``llm_serving/``, ``soak``, ``pipeline``, ``gpu_check/``;
+   ``doctor``, ``bench``, ``llm_serving/``, ``soak``, ``pipeline``, ``gpu_check/``, ``exercises/``;
 6. the command line: ``cli/``, which nothing imports.
 
 A module imports only from its own layer or below, and no import cycle exists.
@@ -35,6 +36,7 @@ __all__ = [
     "deploy",
     "doctor",
     "embedding",
+    "exercises",
     "hardware",
     "lab",
     "lessons",

@@ -46,6 +46,7 @@ LAYERS = {
     "pipeline": 5,
     "gpu_check": 5,
     "lessons": 5,
+    "exercises": 5,
     "cli": 6,
 }
 

@@ -35,9 +35,12 @@ def labkit_imports(notebook: Path) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_notebook_imports_from_at_most_five_public_labkit_modules(notebook):
+    """Five for the lesson; ``exercises``, the learner's turn at the end, comes beside them."""
     modules, names = labkit_imports(notebook)
     assert modules, f"{notebook.name} imports nothing from labkit"
-    assert len(modules) <= 5, f"{notebook.name} imports from {sorted(modules)}"
+    assert len(modules - {"labkit.exercises"}) <= 5, (
+        f"{notebook.name} imports from {sorted(modules)}"
+    )
     top = {m.split(".")[1] for m in modules}
     assert top <= set(labkit.__all__), f"{sorted(top - set(labkit.__all__))} not in labkit.__all__"
     assert not [n for n in names if n.startswith("_")]
@@ -54,15 +57,34 @@ def test_the_counting_sees_both_import_forms(tmp_path):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_a_notebook_ends_on_its_takeaway_with_only_the_stop_after_it(notebook):
-    """Every notebook's last word is computed (``lab.takeaway``, kept for the index); after it
-    may come only the cells that stop its server."""
-    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+def test_a_notebook_ends_on_its_takeaway_then_the_learners_turn_then_the_stop(notebook):
+    """Every lesson's last word is computed (``lab.takeaway``, kept for the index). After it come
+    only the learner's turn (01-08: a section headed "Your turn", whose cells end in a check) and
+    the cells that stop its server."""
+    cells = json.loads(notebook.read_text())["cells"]
     sources = ["".join(c["source"]) for c in cells]
     said = [i for i, s in enumerate(sources) if "lab.takeaway(" in s]
     assert len(said) == 1, f"{notebook.name}: {len(said)} cells call lab.takeaway"
-    after = sources[said[0] + 1 :]
-    assert all(s.startswith("server.stop()") for s in after), (notebook.name, after)
+    after = list(zip(cells[said[0] + 1 :], sources[said[0] + 1 :], strict=True))
+    turns = [
+        i
+        for i, (c, s) in enumerate(after)
+        if c["cell_type"] == "markdown" and s.startswith("## Your turn")
+    ]
+    if notebook.name[:2] == "00":
+        assert not turns, notebook.name
+    else:
+        assert turns and turns[0] == 0, (
+            f"{notebook.name}: the learner's turn must follow the takeaway"
+        )
+    code = [(i, s) for i, (c, s) in enumerate(after) if c["cell_type"] == "code"]
+    stops = [i for i, s in code if s.startswith(("server.stop()", "replicas.stop()"))]
+    assert all(i in stops or turns for i, _ in code), (notebook.name, after)
+    assert not stops or all(
+        i > max((j for j, s in code if "exercises.run(" in s), default=-1) for i in stops
+    ), f"{notebook.name}: the server stops before an exercise that checks it"
+    checks = [s for _, s in code if "exercises.run(" in s]
+    assert notebook.name[:2] == "00" or checks, f"{notebook.name}: the learner's turn has no check"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

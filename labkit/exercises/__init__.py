@@ -12,7 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from labkit.errors import ConfigError
+
+# Each notebook's exercises register themselves when their module is imported.
+from labkit.exercises import (  # noqa: F401 (imported for their registrations)
+    analyzer,  # 04
+    batching,  # 03
+    deploy,  # 01
+    inflight,  # 06
+    models,  # 02
+    neuron,  # 05
+    pipeline,  # 08
+    replicas,  # 07
+)
 from labkit.exercises.check import (
+    EXERCISES,
     FAILED,
     NOT_DONE,
     PASSED,
@@ -22,19 +35,9 @@ from labkit.exercises.check import (
     failed,
     not_done,
     passed,
+    register,
     untouched,
 )
-
-#: Every exercise of the lab, by key ("01-token-bound": notebook 01's). Each notebook's module
-#: adds its own here.
-EXERCISES: dict[str, Exercise] = {}
-
-
-def register(*exercises: Exercise) -> None:
-    for exercise in exercises:
-        if exercise.key in EXERCISES:
-            raise ConfigError(f"exercise {exercise.key!r} is defined twice")
-        EXERCISES[exercise.key] = exercise
 
 
 def run(key: str, answer: Any = ..., *, solutions: bool = False, **context: Any) -> Check:
@@ -60,15 +63,3 @@ __all__ = [
     "run",
     "untouched",
 ]
-
-# Each notebook's exercises register themselves when their module is imported.
-from labkit.exercises import (  # noqa: E402, F401 (imported for their registrations)
-    analyzer,  # 04
-    batching,  # 03
-    deploy,  # 01
-    inflight,  # 06
-    models,  # 02
-    neuron,  # 05
-    pipeline,  # 08
-    replicas,  # 07
-)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.errors import LabkitError
+from labkit.errors import ConfigError, LabkitError
 
 PASSED = "passed"
 FAILED = "failed"
@@ -129,3 +129,15 @@ class Exercise:
         if solutions and not outcome.passed:
             raise SolutionFailed(f"the reference solution of {self.key!r} did not pass:\n{outcome}")
         return outcome
+
+
+#: Every exercise of the lab, by key ("01-token-bound": notebook 01's). Each notebook's module of
+#: :mod:`labkit.exercises` adds its own when imported.
+EXERCISES: dict[str, Exercise] = {}
+
+
+def register(*exercises: Exercise) -> None:
+    for exercise in exercises:
+        if exercise.key in EXERCISES:
+            raise ConfigError(f"exercise {exercise.key!r} is defined twice")
+        EXERCISES[exercise.key] = exercise
