@@ -16,8 +16,7 @@ from typing import Any
 
 from labkit import client
 from labkit.errors import InferenceError, ServerError
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, passed
+from labkit.exercises.check import Check, Exercise, failed, passed, register
 from labkit.repository import Repository
 from labkit.server import TritonServer, reload, served_config
 

@@ -17,8 +17,7 @@ from typing import Any
 from labkit import client
 from labkit.capacity import served_memory
 from labkit.errors import InferenceError
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, passed, untouched
+from labkit.exercises.check import Check, Exercise, failed, passed, register, untouched
 from labkit.repository import Repository, prepare_run_repository
 from labkit.server import TritonServer, reload
 
