@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit import streaming
-from labkit.exercises import register  # defined before the package imports this module
-from labkit.exercises.check import Check, Exercise, failed, passed
+from labkit.exercises.check import Check, Exercise, failed, passed, register
 from labkit.repository import Repository, apply_edits
 from labkit.server.live import reload, served_config
 
