@@ -19,8 +19,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, passed
+from labkit import pipeline
+from labkit.errors import ConfigError, ServerError
+from labkit.exercises.check import Check, Exercise, failed, passed, register
+from labkit.repository import parse_config, write_config
 
 if TYPE_CHECKING:
     from labkit.repository import Repository
@@ -158,8 +160,6 @@ def judge_answers(max_abs_diff: float) -> Check:
 
 
 def _write(repository: Repository, text: str) -> None:
-    from labkit.repository import parse_config, write_config  # noqa: PLC0415 (protobuf; importing exercises stays cheap)
-
     cfg = parse_config(text, source=f"{NAME}'s config")
     cfg.name = cfg.name or NAME
     if cfg.name != NAME:
@@ -181,9 +181,6 @@ def _embed(server: TritonServer, model: str, input_name: str, output_name: str, 
 
 def check(answer: Any, *, server: TritonServer, repository: Repository, **_: Any) -> Check:
     """Write the learner's config as ``my_pipeline``, load it live, read it back, compare."""
-    from labkit import pipeline  # noqa: PLC0415 (pandas; importing exercises stays cheap)
-    from labkit.errors import ConfigError, ServerError  # noqa: PLC0415
-
     if not isinstance(answer, str):
         return failed(
             TITLE,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from labkit import proc
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, not_done, passed
+from labkit.exercises.check import Check, Exercise, failed, not_done, passed, register
+from labkit.server import recover, stubs
 
 if TYPE_CHECKING:
     from labkit.server import TritonServer
@@ -143,8 +143,6 @@ def judge(said: Said, model: str) -> Check:
 
 def _kill_stub(server: TritonServer, model: str) -> None:
     """SIGKILL the model's (first) Python stub and wait until it is gone."""
-    from labkit.server import stubs  # noqa: PLC0415 (0.9 s; importing exercises stays cheap)
-
     pid = stubs(server)[model][0]
     os.kill(pid, signal.SIGKILL)
     proc.wait_until(lambda: pid not in stubs(server).get(model, []), STUB_GONE_TIMEOUT_S)
@@ -163,8 +161,6 @@ def check(
     answer: Callable[[str, str], Any], *, server: TritonServer, model: str, **_: Any
 ) -> Check:
     """Run ``answer`` against ``server`` healthy, with ``model``'s stub killed, then reloaded."""
-    from labkit.server import recover  # noqa: PLC0415 (0.9 s; importing exercises stays cheap)
-
     url = f"http://{server.http_url}"
     healthy = answer(url, model)
     if healthy is not True:  # nothing to learn from killing the stub yet
