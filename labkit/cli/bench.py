@@ -217,7 +217,10 @@ def _register_vllm_start(kinds) -> None:
 
 def _cli_vllm_start(args) -> int:
     settings = startup.StartSettings(
-        vllm_model=args.vllm_model, dtypes=args.dtype, turns=args.turns
+        vllm_model=args.vllm_model,
+        dtypes=args.dtype,
+        turns=args.turns,
+        aot=None if args.aot is None else args.aot == "1",
     )
     run_dir = run_folder(args.run_dir, notebook="bench-vllm-start")
     result = startup.run(run_dir, settings, source=args.model_repository)
