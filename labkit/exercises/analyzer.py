@@ -15,8 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, not_done, passed, untouched
+from labkit.exercises.check import Check, Exercise, failed, not_done, passed, register, untouched
+from labkit.profiling.analyzer import apply_config, best_config
+from labkit.server import served_config
 
 KEY = "04-latency-budget"
 TITLE = "04 · a latency budget for Model Analyzer"
@@ -60,8 +61,6 @@ def latency_budget(result) -> Budget:
     lowest p99 (often: at one client count, more requests a second means shorter waits), a budget
     that leaves out the slowest instead. The budget keeps half a millisecond or more from every
     measurement, so the table's p99, rounded to the millisecond, decides it too."""
-    from labkit.profiling.analyzer import best_config  # noqa: PLC0415 (pandas; importing exercises stays cheap)
-
     frame = result.inference
     winner = best_config(result)
     # per configuration, its lowest p99: a configuration meets a budget if one measurement does
@@ -207,8 +206,6 @@ def _as_model_analyzer_reads(constraints: dict) -> dict:
 
 
 def _judge_pick(result, budget: Budget, pick: Any, server, model: str) -> Check:
-    from labkit.profiling.analyzer import best_config  # noqa: PLC0415 (pandas)
-
     expected = best_config(result, p99_budget_ms=budget.ms)
     frame = result.inference
     lowest = frame.groupby("config")["p99_ms"].min()
@@ -254,9 +251,6 @@ def _judge_pick(result, budget: Budget, pick: Any, server, model: str) -> Check:
 
 def _deployed(result, pick: str, server, model: str, said: str) -> Check:
     """Write ``pick``'s config as ``model``'s, reload it live and read back what Triton serves."""
-    from labkit.profiling.analyzer import apply_config  # noqa: PLC0415 (pandas)
-    from labkit.server import served_config  # noqa: PLC0415 (the HTTP client)
-
     apply_config(result, pick, server, model)
     served = served_config(server, model)
     instances = sum(int(g.get("count", 1)) for g in served.get("instance_group", [])) or 1
@@ -279,8 +273,6 @@ def _deployed(result, pick: str, server, model: str, said: str) -> Check:
 
 def solve_budget(*, result, **_: Any) -> tuple[str, str]:
     """The reference answer: the printed budget as Model Analyzer's YAML, and its pick."""
-    from labkit.profiling.analyzer import best_config  # noqa: PLC0415 (pandas)
-
     budget = latency_budget(result)
     constraint = f"constraints:\n  {LATENCY_KEY}:\n    max: {budget.ms}\n"
     return constraint, best_config(result, p99_budget_ms=budget.ms)

@@ -2,9 +2,9 @@
 generator's flags.
 
 The learner gives the ``labkit neuron gen-model`` flags of the split (``--neuron_core_range`` and
-``--triton_model_instance_count``) for the notebook's ``INSTANCE_TYPE``. The check runs the
-generator's own command-line parser and generator on the guide's add_sub command with those flags,
-twice: the folder made for inf2 (its ``config.pbtxt``: the instance count and the range each
+``--triton_model_instance_count``) for the notebook's ``INSTANCE_TYPE``. The check reads the two
+flags as the command line spells them and runs the generator on the guide's add_sub command with
+them, twice: the folder made for inf2 (its ``config.pbtxt``: the instance count and the range each
 instance takes, judged against the host's NeuronCores), and the same folder for this host's target,
 loaded on the live server. Each instance's ``model.py`` logs the ``NEURON_RT_VISIBLE_CORES`` it
 set; the check reads those lines from the server's log, sends one request, then unloads the model.
@@ -19,9 +19,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from labkit.errors import ConfigError
-from labkit.exercises import register
-from labkit.exercises.check import Check, Exercise, failed, passed
+from labkit.errors import ConfigError, ServerError
+from labkit.exercises.check import Check, Exercise, failed, passed, register
+from labkit.neuron.gen import GenOptions, TensorSpec, assign_cores, generate_model
+from labkit.neuron.vllm import INSTANCE_CORES
+from labkit.repository import read_config
+from labkit.server import reload, served_config
 
 KEY = "05-split-cores"
 TITLE = "05 · two instances, each on its own NeuronCores"
@@ -31,12 +34,13 @@ TODO = (
 )
 #: The served model's name; the inf2 folder has the same.
 MODEL = "add_sub_split"
-#: The guide's add_sub command, less the split the learner gives and the target and paths the
-#: check adds.
-GUIDE_FLAGS = (
-    "--triton_input INPUT__0,INT64,4 INPUT__1,INT64,4 "
-    "--triton_output OUTPUT__0,INT64,4 OUTPUT__1,INT64,4 "
-    "--enable_dynamic_batching --max_batch_size 8"
+#: The guide's add_sub command (notebook 05 shows it whole), less the split the learner gives:
+#: two INT64 inputs and outputs of 4, dynamic batching up to 8.
+GUIDE = dict(
+    inputs=[TensorSpec(f"INPUT__{i}", "INT64", (4,)) for i in range(2)],
+    outputs=[TensorSpec(f"OUTPUT__{i}", "INT64", (4,)) for i in range(2)],
+    enable_dynamic_batching=True,
+    max_batch_size=8,
 )
 _INSTANCE_LINE = re.compile(
     rf"{MODEL}_(?P<group>\d+)_(?P<index>\d+): target (?P<target>\S+), Neuron cores (?P<cores>[\d-]+)"
@@ -44,24 +48,30 @@ _INSTANCE_LINE = re.compile(
 
 
 class _Parser(argparse.ArgumentParser):
-    """The generator's parser, which raises instead of exiting (a check never ends the kernel)."""
+    """The split's two flags, spelled and typed as ``labkit neuron gen-model`` takes them; it
+    raises instead of exiting (a check never ends the kernel)."""
+
+    def __init__(self) -> None:
+        super().__init__(prog="labkit neuron gen-model", add_help=False, allow_abbrev=False)
+        self.add_argument("--neuron_core_range", required=True)
+        self.add_argument("--triton_model_instance_count", type=int, default=1)
 
     def error(self, message: str):
         raise ConfigError(message)
 
 
 def gen_options(flags: str | list[str], *, target: str, compiled_model: str, model_dir: Path):
-    """The generator's options for the guide's add_sub command plus ``flags``, read by the
-    command-line parser of ``labkit neuron gen-model``."""
-    from labkit.cli.neuron import add_gen_arguments, options_from_args  # noqa: PLC0415
-
-    parser = _Parser(prog="labkit neuron gen-model", add_help=False)
-    add_gen_arguments(parser)
+    """The generator's options for the guide's add_sub command with the split ``flags`` give."""
     mine = shlex.split(flags) if isinstance(flags, str) else [str(f) for f in flags]
-    given = [*shlex.split(GUIDE_FLAGS), *mine]
-    given += ["--target", target, "--compiled_model", compiled_model]
-    given += ["--triton_model_dir", str(model_dir)]
-    return options_from_args(parser.parse_args(given))
+    split = _Parser().parse_args(mine)
+    return GenOptions(
+        model_dir,
+        compiled_model,
+        target=target,
+        neuron_core_range=split.neuron_core_range,
+        triton_model_instance_count=split.triton_model_instance_count,
+        **GUIDE,
+    )
 
 
 def host_cores(instance_type: str, neuron_hardware=None) -> tuple[str, int]:
@@ -69,8 +79,6 @@ def host_cores(instance_type: str, neuron_hardware=None) -> tuple[str, int]:
     count of ``instance_type`` (the host the folders are written for)."""
     if neuron_hardware is not None and neuron_hardware.present:
         return str(neuron_hardware), neuron_hardware.cores
-    from labkit.neuron.vllm import INSTANCE_CORES  # noqa: PLC0415
-
     if instance_type not in INSTANCE_CORES:
         raise ConfigError(
             f"instance type {instance_type!r} is not one of {', '.join(INSTANCE_CORES)}; set "
@@ -89,10 +97,6 @@ def check_split(
     neuron_hardware=None,
 ) -> Check:
     """Judge the split ``flags`` give on the host, then serve the split on the live server."""
-    from labkit.neuron.gen import generate_model  # noqa: PLC0415 (protobuf)
-    from labkit.neuron.walkthrough import neuron_artifact  # noqa: PLC0415 (torch)
-    from labkit.repository import read_config  # noqa: PLC0415
-
     if not isinstance(flags, str | list | tuple):
         return failed(
             TITLE,
@@ -102,7 +106,11 @@ def check_split(
         )
     host, cores = host_cores(instance_type, neuron_hardware)
     target = compiled.target if compiled.target != "cpu" else "inf2"
-    artifact, copy = neuron_artifact(compiled, "add_sub", target)
+    # a Neuron-compiled artifact is copied in; for a cpu one, the folder names the file that
+    # `labkit neuron compile --target inf2` makes on the device host, as the notebook's inf2
+    # folders do: an inf2 config never points at the CPU stand-in
+    copy = compiled.target != "cpu"
+    artifact = str(compiled.path) if copy else f"1/add_sub.{target}.pt"
     folder = Path(run_dir) / "exercise" / target / MODEL
     try:
         opts = gen_options(flags, target=target, compiled_model=artifact, model_dir=folder)
@@ -132,8 +140,6 @@ def check_split(
 def _split_in(config) -> list[str]:
     """Each instance's NeuronCores (``"0"``, ``"2-3"``) as the generated ``config.pbtxt`` gives
     them: its instance count and core range, split as the generator's ``model.py`` splits them."""
-    from labkit.neuron.gen import assign_cores  # noqa: PLC0415
-
     count = sum(g.count or 1 for g in config.instance_group)
     start = int(config.parameters["NEURON_CORE_START_INDEX"].string_value)
     end = int(config.parameters["NEURON_CORE_END_INDEX"].string_value)
@@ -186,11 +192,7 @@ def _judge(split: list[str], host: str, cores: int, warnings: list[str]) -> Chec
 def _served(server, compiled, flags, split: list[str], said: str) -> Check:
     """Write the split for this host's target into the server's repository, load it, read each
     instance's cores from the server's log, ask it once, and unload it again."""
-    import numpy as np  # noqa: PLC0415
-
-    from labkit.neuron.gen import generate_model  # noqa: PLC0415
-    from labkit.neuron.walkthrough import infer  # noqa: PLC0415
-    from labkit.server import reload, served_config  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 (only a served check sends tensors)
 
     folder = Path(server.model_repository) / MODEL
     opts = gen_options(
@@ -204,9 +206,7 @@ def _served(server, compiled, flags, split: list[str], said: str) -> Check:
         served = served_config(server, MODEL)
         instances = sum(int(g.get("count", 1)) for g in served.get("instance_group", []))
         a, b = np.array([[5, 7, 9, 11]]), np.array([[1, 2, 3, 4]])
-        plus, minus = infer(
-            server, MODEL, {"INPUT__0": a, "INPUT__1": b}, ["OUTPUT__0", "OUTPUT__1"]
-        )
+        plus, minus = _ask(server, a, b)
         logged = _logged_instances(server, start)
     finally:
         _remove(server, folder)
@@ -235,6 +235,19 @@ def _served(server, compiled, flags, split: list[str], said: str) -> Check:
     )
 
 
+def _ask(server, a, b):
+    """The split model's two answers to one request of ``a`` and ``b``."""
+    import tritonclient.http as httpclient  # noqa: PLC0415 (the HTTP client's network stack)
+
+    tensors = []
+    for name, value in (("INPUT__0", a), ("INPUT__1", b)):
+        tensors.append(httpclient.InferInput(name, list(value.shape), "INT64"))
+        tensors[-1].set_data_from_numpy(value)
+    with server.client() as client:
+        result = client.infer(MODEL, tensors)
+    return result.as_numpy("OUTPUT__0"), result.as_numpy("OUTPUT__1")
+
+
 def _logged_instances(server, start: int) -> dict[str, str]:
     """``{instance name: NEURON_RT_VISIBLE_CORES}`` from the lines the instances logged since
     ``start`` (a byte offset of the server's log)."""
@@ -252,8 +265,6 @@ def _logged_instances(server, start: int) -> dict[str, str]:
 def _remove(server, folder: Path) -> None:
     """Unload the exercise's model (if loaded) and delete its folder: the server is left as the
     notebook had it."""
-    from labkit.errors import ServerError  # noqa: PLC0415
-
     try:
         server.unload_model(MODEL)
     except ServerError:
