@@ -2,9 +2,9 @@
 compiled, and what its compile cache holds.
 
 Unless ``enforce_eager`` is set, vLLM compiles the model with ``torch.compile`` as it starts and
-keeps what it compiled under its cache root (``VLLM_CACHE_ROOT``, by default ``~/.cache/vllm``):
-a later start of the same model, settings and vLLM finds it there and skips most of the work.
-Per dtype, with a cache root of its own that starts empty:
+keeps what it compiled under its cache root (``VLLM_CACHE_ROOT``, by default ``~/.cache/vllm``;
+torch's inductor keeps its part in ``TORCHINDUCTOR_CACHE_DIR``, by default under ``/tmp``): a later start of the same model, settings and vLLM finds it there and skips most of the work.
+Per dtype, with a cache root of its own that starts empty (both caches in it):
 
 - **cold**: the first compiled start, the cache empty;
 - then in turns (eager, warm, eager, warm, ...): an **eager** start and a **warm** compiled start
@@ -41,6 +41,9 @@ from .standalone import start_standalone
 RESULT_NAME = "vllm-start"
 #: vLLM's variable for the root of its caches (the compiled graphs go in its torch_compile_cache/).
 CACHE_ROOT = "VLLM_CACHE_ROOT"
+#: Where torch's inductor keeps what it compiled (by default a folder under /tmp shared by every
+#: start): each dtype gets its own under its cache root, so a cold start is cold.
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 #: vLLM's switch for its ahead-of-time compile cache (on by default with torch 2.10 and later).
 AOT = "VLLM_USE_AOT_COMPILE"
 #: How much longer than eager a warm compiled start may take for compiled to be the CPU default.
@@ -172,7 +175,9 @@ def run(
     for dtype, kind, turn in plan(s):
         cache = run_dir / f"vllm-cache-{dtype}"
         aot = None if s.aot is None or kind == "eager" else str(int(s.aot))
-        with environment(**{CACHE_ROOT: str(cache), AOT: aot}):
+        with environment(
+            **{CACHE_ROOT: str(cache), INDUCTOR_CACHE: str(cache / "inductor"), AOT: aot}
+        ):
             figures = time_start(run_dir, repo, folders[(dtype, kind == "eager")], s)
         result.starts.append({"dtype": dtype, "kind": kind, "turn": turn, **figures})
         if kind == "cold":
