@@ -22,8 +22,7 @@ from typing import Any
 
 from labkit import proc
 from labkit.errors import InferenceError
-from labkit.exercises import register  # defined before the package imports this module
-from labkit.exercises.check import Check, Exercise, failed, passed
+from labkit.exercises.check import Check, Exercise, failed, passed, register
 from labkit.load import Load
 from labkit.profiling.arrivals import COUNTERS_TIMEOUT_S, Served
 from labkit.repository import Repository, apply_edits
