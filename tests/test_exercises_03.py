@@ -52,7 +52,7 @@ def test_the_config_must_batch_and_serve_the_learners_delay():
 
 def test_pairs_within_the_budget_pass_and_say_what_was_seen():
     # 1.5 gaps: three pairs, the slowest waits 1.5 s and a batch of 2's run
-    seen = PacedRound(1_500_000, (2150.0, 1200.0, 2100.0, 1150.0, 2200.0, 1250.0), executions=3)
+    seen = PacedRound(1_500_000, 6, 2200.0, executions=3)
     outcome = judge_round(seen, budget_ms=BUDGET_MS, every_s=EVERY_S)
     assert outcome.passed, outcome
     for said in ("1500000", "1.5 arrival gaps", "2200 ms", "3500 ms", "requests per execution: 2 "):
@@ -61,7 +61,7 @@ def test_pairs_within_the_budget_pass_and_say_what_was_seen():
 
 def test_a_delay_too_long_breaks_the_budget_and_the_hint_says_by_how_much():
     # 5 gaps: one batch of 6, the first request waits 5 s and the batch's run
-    seen = PacedRound(5_000_000, (5800.0, 4800.0, 3800.0, 2800.0, 1800.0, 800.0), executions=1)
+    seen = PacedRound(5_000_000, 6, 5800.0, executions=1)
     outcome = judge_round(seen, budget_ms=BUDGET_MS, every_s=EVERY_S)
     assert outcome.status == exercises.FAILED
     assert "5800 ms against a budget of 3500 ms" in outcome.seen
@@ -69,12 +69,12 @@ def test_a_delay_too_long_breaks_the_budget_and_the_hint_says_by_how_much():
 
 
 def test_a_delay_shorter_than_a_gap_makes_no_batch():
-    seen = PacedRound(300_000, (850.0, 840.0, 860.0, 850.0, 845.0, 855.0), executions=6)
+    seen = PacedRound(300_000, 6, 860.0, executions=6)
     outcome = judge_round(seen, budget_ms=BUDGET_MS, every_s=EVERY_S)
     assert outcome.status == exercises.FAILED and "requests per execution: 1 " in outcome.seen
     assert "at least one arrival gap (1000000 µs)" in outcome.hint
     # a delay that covers a gap and still makes no batch: the pace broke, not the answer
-    broken = PacedRound(1_500_000, (2000.0,) * 6, executions=6)
+    broken = PacedRound(1_500_000, 6, 2000.0, executions=6)
     assert "run the check again" in judge_round(broken, budget_ms=BUDGET_MS, every_s=1.0).hint
 
 

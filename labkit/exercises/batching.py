@@ -20,11 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from labkit import proc
-from labkit.errors import InferenceError
 from labkit.exercises.check import Check, Exercise, failed, passed, register
-from labkit.load import Load
-from labkit.profiling.arrivals import COUNTERS_TIMEOUT_S, Served
+from labkit.profiling.arrivals import measure_arrivals
 from labkit.repository import Repository, apply_edits
 from labkit.server.live import reload, served_config
 
@@ -54,17 +51,14 @@ class PacedRound:
     how many executions Triton ran for them."""
 
     delay_us: int
-    latencies_ms: tuple[float, ...]
+    requests: int
+    slowest_ms: float
     executions: int
-
-    @property
-    def slowest_ms(self) -> float:
-        return max(self.latencies_ms)
 
     @property
     def batch(self) -> float:
         """Requests per execution (1.0: every request ran alone)."""
-        return len(self.latencies_ms) / self.executions if self.executions else math.nan
+        return self.requests / self.executions if self.executions else math.nan
 
 
 def judge_config(answer: Any, config: dict) -> Check | None:
@@ -104,7 +98,7 @@ def judge_round(seen: PacedRound, *, budget_ms: float, every_s: float) -> Check:
     said = (
         f"the server serves max_queue_delay_microseconds {seen.delay_us} "
         f"({seen.delay_us / gap_us:.2g} arrival gaps of {gap_us} µs); "
-        f"{len(seen.latencies_ms)} paced requests: the slowest (their p99) took "
+        f"{seen.requests} paced requests: the slowest (their p99) took "
         f"{seen.slowest_ms:.0f} ms against a budget of {budget_ms:.0f} ms; "
         f"requests per execution: {seen.batch:.2g} ({seen.executions} executions)."
     )
@@ -133,34 +127,11 @@ def judge_round(seen: PacedRound, *, budget_ms: float, every_s: float) -> Check:
 def paced_round(server, model: str, *, every_s: float, requests: int, prompt: str) -> PacedRound:
     """``requests`` requests to ``model``, one every ``every_s`` seconds, and what they saw."""
     delay_us = int(served_config(server, model)["dynamic_batching"]["max_queue_delay_microseconds"])
-    before = Served.read(server, model)
-    load = Load(
-        server.http_url,
-        model,
-        endpoint="infer",
-        prompt=prompt,
-        concurrency=requests,
-        rate_per_s=1.0 / every_s,
-        max_requests=requests,
+    row = measure_arrivals(
+        server, model, every_s=every_s, requests=requests, prompt=prompt, clients=requests,
         timeout_s=120.0,
-    )
-    with load:
-        load.join(120.0 * requests)
-    failures = [o for o in load.outcomes if not o.ok]
-    if failures or len(load.outcomes) < requests:
-        raise InferenceError(
-            f"{len(failures)} of {requests} paced requests to {model!r} failed: "
-            f"{load.summary()['failures_by_cause']}"
-        )
-    seen = [Served()]  # Triton counts a request just after it sends the answer
-
-    def counted() -> bool:
-        seen.append(Served.read(server, model) - before)
-        return seen[-1].requests >= requests
-
-    proc.wait_until(counted, COUNTERS_TIMEOUT_S)
-    latencies = tuple(o.latency_s * 1000 for o in load.outcomes)
-    return PacedRound(delay_us, latencies, seen[-1].executions)
+    )  # fmt: skip
+    return PacedRound(delay_us, row["requests"], row["max_ms"], row["executions"])
 
 
 def check_queue_delay(

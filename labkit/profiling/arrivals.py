@@ -111,7 +111,8 @@ def measure_arrivals(
     The row, from Triton's statistics over the load: ``batch`` (requests per execution),
     ``queue_ms`` and ``run_ms`` (a request's average wait, and its batch's run), ``compute_ms``
     (one execution, on average), ``model_ms_per_request`` (the model's time over the requests);
-    from the client: ``mean_ms`` and ``p50_ms``, and ``seconds``, from the first send to the last
+    from the client: ``mean_ms``, ``p50_ms`` and ``max_ms`` (the slowest), ``executions`` (Triton's
+    count), and ``seconds``, from the first send to the last
     answer (paced: at least ``requests`` gaps, so a kept-up pace counts as the pace).
     """
     if requests < 1 or (every_s is not None and every_s <= 0):
@@ -157,6 +158,8 @@ def measure_arrivals(
         "model_ms_per_request": served.compute_ms / n if n else math.nan,
         "mean_ms": sum(latencies) / len(latencies),
         "p50_ms": float(summary["p50_ms"]),
+        "max_ms": max(latencies),
+        "executions": runs,
         "seconds": max(float(summary["seconds"]), requests * (every_s or 0.0)),
     }
 
