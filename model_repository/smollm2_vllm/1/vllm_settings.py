@@ -30,10 +30,13 @@ class EngineOptions:
     # core but one (vLLM keeps one for the rest on x86: on 2 cores, 1 thread); "nobind": torch's
     # default; or a list such as "0" or "0-1".
     omp_threads_bind: str = "auto"
-    # false: torch.compile at the first start (cached afterwards). Eager is the CPU default: on
-    # the lab's 2-core host compiled vLLM served x1.08 to x1.24 more tokens/s (labkit bench
-    # frontend --defaults), but its first start took 353 s against 62 s eager, which notebook 06
-    # and the tests would pay on every fresh machine. The GPU configs compile (llm_serving.gpu).
+    # false: torch.compile at every start. Eager is the CPU default: on the lab's 2-core host
+    # compiled vLLM served x1.08 to x1.24 more tokens/s (labkit bench frontend --defaults), but it
+    # starts minutes slower, and with torch 2.13 vLLM 0.32 cannot load its compile cache back
+    # (it logs "Compiling model again due to a load failure", and compiles again): labkit bench
+    # vllm-start, 2026-12-06, 2 cores, load average 3 to 7, float32: a first compiled start
+    # 168-239 s, a second one with the cache filled 177-226 s, eager 55-67 s. The GPU configs
+    # compile (llm_serving.gpu).
     enforce_eager: bool = True
     # vLLM's stream_interval: a streamed answer gets one response per this many tokens (its
     # last one at once). 1: a response per token. A request may ask for more in its
