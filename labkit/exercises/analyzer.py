@@ -20,7 +20,7 @@ from labkit.profiling.analyzer import apply_config, best_config
 from labkit.server import served_config
 
 KEY = "04-latency-budget"
-TITLE = "04 · a latency budget for Model Analyzer"
+TITLE = "A latency budget for Model Analyzer"
 TODO = (
     "MY_CONSTRAINT: the Model Analyzer constraint for the budget printed above (YAML text or a "
     "dict); MY_PICK: the configuration Model Analyzer would then pick, by its name in the table."

@@ -27,7 +27,7 @@ from labkit.repository import read_config
 from labkit.server import reload, served_config
 
 KEY = "05-split-cores"
-TITLE = "05 · two instances, each on its own NeuronCores"
+TITLE = "Two instances, each on its own NeuronCores"
 TODO = (
     "MY_FLAGS: the labkit neuron gen-model flags that split the host's NeuronCores across two "
     'instances, as text (e.g. "--neuron_core_range A:B --triton_model_instance_count N").'
