@@ -18,7 +18,10 @@ from labkit.settings import project_root
 MODEL_DIR = project_root() / "model_repository" / "smollm2_vllm"
 
 
-def test_the_served_models_settings_become_the_servers_flags_and_environment():
+def test_the_served_models_settings_become_the_servers_flags_and_environment(monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", "/c/vllm")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     settings = standalone.load_settings(MODEL_DIR)
     params = {"dtype": "bfloat16", "max_num_seqs": "8", "kv_cache_gib": "2",
               "omp_threads_bind": "0", "VLLM_PLUGINS": "neuron", "max_model_len": "4096"}  # fmt: skip
@@ -27,11 +30,14 @@ def test_the_served_models_settings_become_the_servers_flags_and_environment():
     flags = " ".join(command)
     assert "--port 8123" in flags and f"--served-model-name {standalone.SERVED_NAME}" in flags
     assert "--model /w" in flags and "--dtype bfloat16" in flags and "--max-num-seqs 8" in flags
-    assert "--max-num-batched-tokens 2048 --enforce-eager" in flags
+    assert "--max-num-batched-tokens 2048" in flags and "--enforce-eager" not in flags
     assert "--max-model-len 4096" in flags
     assert "--disable-log-stats" not in flags  # False: the flag is left out
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0",
+                   "VLLM_USE_AOT_COMPILE": "0", "TORCHINDUCTOR_CACHE_DIR": "/c/vllm/torchinductor",
                    "VLLM_PLUGINS": "neuron"}  # fmt: skip
+    eager = standalone.engine_command(settings, {**params, "enforce_eager": "true"}, "/w", 1, "p")
+    assert "--enforce-eager" in eager[0] and "VLLM_USE_AOT_COMPILE" not in eager[1]
     with pytest.raises(ConfigError, match="'dtype' must be one of"):
         standalone.engine_command(settings, {"dtype": "int3"}, "/w", 1, "p")
     with pytest.raises(ConfigError, match="no 1/vllm_settings.py"):

@@ -256,6 +256,9 @@ def served(tmp_path_factory, start_module_server):
     """smollm2_vllm serving the lab's adapter as ``demo``, in a run's copy."""
     repo = repository.prepare_run_repository(tmp_path_factory.mktemp("lora"), ["smollm2_vllm"])
     folders = lora.serve_adapters(repo, "smollm2_vllm")  # built once into the cache
+    # Eager: LoRA layers change vLLM's compile-cache key, which make install warms only for the
+    # shipped settings; compiled, this server would compile from nothing (minutes on 2 cores).
+    repo.edit("smollm2_vllm", parameters={"enforce_eager": "true"})
     server = start_module_server(repo.path, load_models=["smollm2_vllm"], startup_timeout_s=900)
     return SimpleNamespace(server=server, adapter=folders["demo"], repo=repo)
 

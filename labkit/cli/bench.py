@@ -209,7 +209,7 @@ def _register_vllm_start(kinds) -> None:
     p.add_argument("--dtype", type=_names, default=d.dtypes, help="float32,bfloat16")
     p.add_argument("--turns", type=int, default=d.turns, help="eager/cached pairs per dtype")
     p.add_argument("--aot", choices=["0", "1"], help="VLLM_USE_AOT_COMPILE for the compiled starts "
-                   "(default: vLLM's own, on with torch 2.10 and later)")  # fmt: skip
+                   "(default: the model's, 0; vLLM's own is 1 with torch 2.10 and later)")  # fmt: skip
     p.add_argument("--run-dir", help="where the copy, logs and caches go (default: runs/...)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     p.set_defaults(handler=_cli_vllm_start)

@@ -44,7 +44,9 @@ CACHE_ROOT = "VLLM_CACHE_ROOT"
 #: Where torch's inductor keeps what it compiled (by default a folder under /tmp shared by every
 #: start): each dtype gets its own under its cache root, so a cold start is cold.
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
-#: vLLM's switch for its ahead-of-time compile cache (on by default with torch 2.10 and later).
+#: vLLM's switch for its ahead-of-time compile cache (on by default with torch 2.10 and later;
+#: the lab's model turns it off, ``vllm_settings.engine_environment``): ``aot`` sets it as a
+#: parameter of the compiled folders.
 AOT = "VLLM_USE_AOT_COMPILE"
 #: How much longer than eager a warm compiled start may take for compiled to be the CPU default.
 ACCEPTABLE_EXTRA_S = 30.0
@@ -57,7 +59,7 @@ class StartSettings:
     vllm_model: str = "smollm2_vllm"
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
     turns: int = 2
-    aot: bool | None = None  # VLLM_USE_AOT_COMPILE for the compiled starts; None: vLLM's default
+    aot: bool | None = None  # VLLM_USE_AOT_COMPILE for the compiled starts; None: the model's
     startup_timeout_s: float = 1200.0
 
     def check(self) -> StartSettings:
@@ -99,6 +101,8 @@ def write_folders(repo: Repository, s: StartSettings) -> dict[tuple[str, bool], 
         for eager in (True, False):
             name = f"{s.vllm_model}_{dtype}_{'eager' if eager else 'compiled'}"
             params = {"dtype": dtype, "enforce_eager": "true" if eager else "false"}
+            if not eager and s.aot is not None:  # a parameter: the model's own default is 0
+                params[AOT] = str(int(s.aot))
             repo.add_twin(s.vllm_model, name, apply_edits(base, parameters=params))
             folders[(dtype, eager)] = name
     return folders
@@ -174,10 +178,7 @@ def run(
     began = time.monotonic()
     for dtype, kind, turn in plan(s):
         cache = run_dir / f"vllm-cache-{dtype}"
-        aot = None if s.aot is None or kind == "eager" else str(int(s.aot))
-        with environment(
-            **{CACHE_ROOT: str(cache), INDUCTOR_CACHE: str(cache / "inductor"), AOT: aot}
-        ):
+        with environment(**{CACHE_ROOT: str(cache), INDUCTOR_CACHE: str(cache / "inductor")}):
             figures = time_start(run_dir, repo, folders[(dtype, kind == "eager")], s)
         result.starts.append({"dtype": dtype, "kind": kind, "turn": turn, **figures})
         if kind == "cold":

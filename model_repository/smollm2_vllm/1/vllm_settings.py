@@ -3,12 +3,13 @@
 Standard library only (no vLLM, no Triton): the fast tests read configs with it, and the model
 reads its parameters with it before vLLM is imported (some settings are environment variables
 that vLLM reads when it starts). Defaults suit a CPU: float32 (greedy answers then equal
-``smollm2``'s), eager mode (no compile at the first start), a small KV cache.
+``smollm2``'s), compiled (vLLM's own default), a small KV cache.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,14 +31,16 @@ class EngineOptions:
     # core but one (vLLM keeps one for the rest on x86: on 2 cores, 1 thread); "nobind": torch's
     # default; or a list such as "0" or "0-1".
     omp_threads_bind: str = "auto"
-    # false: torch.compile at every start. Eager is the CPU default: on the lab's 2-core host
-    # compiled vLLM served x1.08 to x1.24 more tokens/s (labkit bench frontend --defaults), but it
-    # starts minutes slower, and with torch 2.13 vLLM 0.32 cannot load its compile cache back
-    # (it logs "Compiling model again due to a load failure", and compiles again): labkit bench
-    # vllm-start, 2026-12-06, 2 cores, load average 3 to 7, float32: a first compiled start
-    # 168-239 s, a second one with the cache filled 177-226 s, eager 55-67 s. The GPU configs
-    # compile (llm_serving.gpu).
-    enforce_eager: bool = True
+    # false (the default, as in vLLM's own server): vLLM compiles the model with torch.compile
+    # as it starts, and keeps the compiled graphs (compile_environment) so that a later start
+    # with the same settings loads them. true: eager, nothing compiled. On the lab's 2-core host
+    # (labkit bench vllm-start, 2026-12-06, load average 0.5 to 2.3, to the first answer):
+    # float32 compiled 133 s at its first start, 52 s at later ones, eager 40 s; bfloat16 164 s,
+    # 41 s and 31 s. A compiled step served x1.08 to x1.24 the tokens/s of an eager one
+    # (labkit bench frontend --defaults, 2026-12-05). `make install` compiles the shipped
+    # settings once (labkit prepare --warm-vllm: 99 and 101 s); settings that change the graphs
+    # (another dtype, say) compile again at their first start. The GPU configs compile too.
+    enforce_eager: bool = False
     # vLLM's stream_interval: a streamed answer gets one response per this many tokens (its
     # last one at once). 1: a response per token. A request may ask for more in its
     # sampling_parameters, never fewer.
@@ -131,11 +134,46 @@ def _parse(name: str, text: str, kind: type) -> object:
     return text
 
 
-def engine_environment(options: EngineOptions) -> dict[str, str]:
-    """The environment variables vLLM's CPU backend reads when its engine starts."""
-    return {
+def engine_environment(
+    options: EngineOptions, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment variables vLLM's CPU backend reads when its engine starts.
+
+    A compiled engine also gets where its compiled graphs are kept, so that a later start loads
+    them (:func:`compile_environment`).
+    """
+    environment = {
         "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": options.omp_threads_bind,
+    }
+    if not options.enforce_eager:
+        environment.update(compile_environment(os.environ if environ is None else environ))
+    return environment
+
+
+def compile_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """Where a compiled CPU engine keeps what it compiled, and how it finds it again.
+
+    - ``VLLM_USE_AOT_COMPILE=0``: vLLM 0.32 on torch 2.13 saves its ahead-of-time compile cache
+      but cannot load it back ("'function' object has no attribute 'finalize_loading'", then
+      "Compiling model again due to a load failure"): with it on, every start compiled again
+      (168-239 s on 2 cores, 2026-12-06).
+    - Off, vLLM's CPU engine compiles through torch.compile, and inductor keeps the compiled
+      graphs in its own cache, ``TORCHINDUCTOR_CACHE_DIR``: by default a folder in the system's
+      temporary folder, which a reboot may empty. It goes beside vLLM's other caches instead:
+      ``torchinductor`` under ``VLLM_CACHE_ROOT`` (vLLM's default: ``$XDG_CACHE_HOME/vllm``,
+      ``~/.cache/vllm``).
+
+    A variable already set in ``environ`` is kept, and a config.pbtxt parameter of the same name
+    wins over both (:func:`device_environment` is applied after).
+    """
+    root = environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm"
+    )
+    return {
+        "VLLM_USE_AOT_COMPILE": environ.get("VLLM_USE_AOT_COMPILE") or "0",
+        "TORCHINDUCTOR_CACHE_DIR": environ.get("TORCHINDUCTOR_CACHE_DIR")
+        or os.path.join(root, "torchinductor"),
     }
 
 
