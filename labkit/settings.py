@@ -13,6 +13,7 @@ variable                   what it sets                                         
 ``LABKIT_SERVER_MODE``     ``local``, ``docker`` or ``remote``                          ``local``
 ``LABKIT_TRITON_IMAGE``    the docker mode's image (``labkit image build`` builds it)   ``triton_transformer_server:26.06``
 ``LABKIT_STARTUP_TIMEOUT_S`` the bound on a server start, seconds                       300
+``VLLM_CACHE_ROOT``        vLLM's caches: its compiled graphs (vLLM reads it too)       ``~/.cache/vllm``
 ``HF_HOME``                the Hugging Face cache                                       ``~/.cache/huggingface``
 ``HF_TOKEN`` (and the two  the hub token, by name only; never shown                     unset
   names after it)
@@ -70,6 +71,13 @@ def hf_home(explicit: str | os.PathLike | None = None) -> Path:
     """The Hugging Face cache root (``HF_HOME``), never the deprecated ``TRANSFORMERS_CACHE``."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
     return Path(setting(explicit, "HF_HOME", default)).expanduser()
+
+
+def vllm_cache_root() -> Path:
+    """Where vLLM keeps its caches, compiled graphs included (``VLLM_CACHE_ROOT``), as vLLM
+    itself finds it: ``$XDG_CACHE_HOME/vllm``, by default ``~/.cache/vllm``."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm"
+    return Path(setting(None, "VLLM_CACHE_ROOT", default)).expanduser()
 
 
 def token_variable() -> str | None:

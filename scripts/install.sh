@@ -144,6 +144,22 @@ install_vllm() {
 }
 # <<< vllm
 
+# >>> warm: vLLM's compile cache for smollm2_vllm as shipped. The model compiles (vLLM's default);
+# its first start of a set of settings compiles the graphs (about 2 minutes a dtype on 2 cores)
+# and later starts load them. `labkit prepare --warm-vllm` builds the offline weights, then starts
+# vLLM once per dtype the lab serves, unless its stamp in vLLM's cache (~/.cache/vllm) already
+# holds those settings: a second install starts nothing. LABKIT_WARM_VLLM=0 skips it (the
+# model's first start then compiles). A failed warm-up is named and the install goes on.
+warm_vllm() {
+  [ -z "${LABKIT_INSTALL_DRY_RUN:-}" ] && [ "${LABKIT_WARM_VLLM:-1}" != 0 ] || return 0
+  [ -x "$VLLM_VENV/bin/python" ] || return 0
+  if ! "$VENV/bin/labkit" prepare --warm-vllm; then
+    echo "install: could not warm vLLM's compile cache (above); smollm2_vllm's first start" >&2
+    echo "  compiles instead. Retry with: .venv/bin/labkit prepare --warm-vllm" >&2
+  fi
+}
+# <<< warm
+
 # A GPU host whose .venv holds a CPU-only torch is not up to date (the block below fixes it).
 if [ -f "$STAMP" ] && [ -z "${LABKIT_TORCH_CPU:-}" ] && command -v nvidia-smi >/dev/null 2>&1 \
     && nvidia-smi -L 2>/dev/null | grep -q '^GPU ' \
@@ -153,6 +169,7 @@ fi
 if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt scripts/install.sh ]; then
   echo "install: $VENV is up to date"
   install_vllm
+  warm_vllm
   exit 0
 fi
 
@@ -245,3 +262,4 @@ wait "$vllm_job"
 trap - EXIT
 touch "$STAMP"
 echo "install: done ($VENV, $AIPERF_VENV, $VLLM_VENV)"
+warm_vllm

@@ -141,6 +141,16 @@ class StandaloneVllm:
         self.stop()
 
 
+def server_command(repo: Repository, model: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The command that starts vLLM's OpenAI server for ``model`` of ``repo`` on ``port``, in the
+    model's environment, and the environment variables it adds."""
+    config = repo.config(model)
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    python = _environment_python(params, repo.model_dir(model))
+    weights = _weights(params.get("huggingface_model", ""), repo.model_dir(model))
+    return engine_command(load_settings(repo.model_dir(model)), params, weights, port, python)
+
+
 def start_standalone(
     run_dir: str | os.PathLike,
     repository: str | os.PathLike | Repository,
@@ -158,14 +168,8 @@ def start_standalone(
     ``timeout_s`` raises :class:`~labkit.errors.ServerError` with the end of its log.
     """
     repo = repository if isinstance(repository, Repository) else Repository(repository)
-    config = repo.config(model)
-    params = {key: value.string_value for key, value in config.parameters.items()}
-    python = _environment_python(params, repo.model_dir(model))
-    weights = _weights(params.get("huggingface_model", ""), repo.model_dir(model))
     port = proc.free_port()
-    command, environment = engine_command(
-        load_settings(repo.model_dir(model)), params, weights, port, python
-    )
+    command, environment = server_command(repo, model, port)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / f"vllm-standalone-{model}.log"
