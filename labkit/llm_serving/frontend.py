@@ -4,15 +4,17 @@ measured in rounds.
 One Triton server holds the vLLM model in each dtype asked (float32: the model as shipped;
 bfloat16: its twin). Beside it, vLLM's own OpenAI server runs once per dtype with the same
 engine settings (read from the same ``config.pbtxt`` by the model's own ``vllm_settings.py``) and,
-with ``defaults``, once more per dtype with vLLM's own defaults (no ``--enforce-eager``: compiled
-at its first start). Every server is up and warm before the first measurement, every one pinned
+with ``defaults``, once more per dtype with vLLM's own defaults (no ``--enforce-eager``:
+compiled; the lab's model compiles too, so the two references differ only where its config is
+set eager). Every server is up and warm before the first measurement, every one pinned
 to the same server cores, AIPerf on the others. Each round measures every way once with the same
 workload, in the opposite order to the round before (A B C, then C B A), so that the host's drift
 falls on every way alike.
 
 What it reports, per dtype and per reference: each round's ratio of Triton's output tokens/s to
 the reference's, their median, their spread (half the range of the rounds), the load average at
-each round's start, and the failed requests. A target is met when the median clears it by more
+each round's start, and the failed requests; then the greedy answers of Triton and of each
+reference to the same prompts, asked alone. A target is met when the median clears it by more
 than the spread. :func:`run` writes ``<run_dir>/frontend.json``; :func:`table` prints it.
 """
 
@@ -33,6 +35,7 @@ from labkit.repository import Repository, apply_edits, prepare_run_repository
 from labkit.runs import write_result
 from labkit.server import serving, warm_up
 
+from . import apis
 from .measure import row_figures
 from .rounds import plain_settings
 from .schedulers import VLLM_DTYPES, StudySettings, check_vllm_environment, workload
@@ -43,6 +46,8 @@ RESULT_NAME = "frontend"
 #: The references each served way is compared with: vLLM's own server on the model's settings,
 #: and on vLLM's own defaults (compiled).
 REFERENCES = ("own", "own_defaults")
+#: How many of the workload's (prompt, new tokens) pairs are asked alone, greedy, of each way.
+ANSWERS = 8
 #: The frontend bench's targets: Triton against vLLM's own server on the same settings, and on its
 #: defaults, in every dtype.
 TARGETS = {"own": 1.0, "own_defaults": 0.95}
@@ -112,6 +117,7 @@ class FrontendResult:
     rows: list[dict] = field(default_factory=list)  # one AIPerf measurement each: way, round
     load_average: list[list[float]] = field(default_factory=list)  # at each round's start
     ratios: dict = field(default_factory=dict)  # "<dtype>_vs_<reference>": ratios()'s figures
+    answers: dict = field(default_factory=dict)  # "<dtype>_vs_<reference>": greedy_answers()'s
     wall_s: float | None = None
 
 
@@ -166,6 +172,8 @@ def run(
                 future.result().warm_up()  # as warm as Triton's models, before any round
                 targets[way] = (future.result(), SERVED_NAME, tokenizer)
             result.rows = _rounds(run_dir, targets, w, s, client_cores, result, progress)
+            write_result(run_dir, RESULT_NAME, result)  # the rounds survive a failed question
+            result.answers = greedy_answers(targets, w, s)
         finally:
             for future in starting.values():
                 with contextlib.suppress(Exception):  # a server that never started has no stop
@@ -225,6 +233,35 @@ def _rounds(run_dir: Path, targets: dict, w, s: FrontendSettings, cores, result,
     return rows
 
 
+def greedy_answers(targets: dict, w, s: FrontendSettings) -> dict:
+    """After the rounds, each of the workload's first :data:`ANSWERS` (prompt, new tokens) pairs
+    asked alone and greedy of Triton (``/generate``) and of each reference (the ``openai``
+    client), per dtype: how many answers are the same text, and the first that differ. Raises
+    the failed request's error (the rounds are written before)."""
+    pairs = list(dict.fromkeys(zip(w.prompts, w.max_tokens, strict=True)))[:ANSWERS]
+    requests = [apis.Request(prompt, (), tokens) for prompt, tokens in pairs]
+    out = {}
+    for dtype in s.dtypes:
+        server, model, _ = targets[f"triton_{dtype}"]
+        ours = [apis.ask_triton(server.http_url, model, r)["answer"] for r in requests]
+        for reference in REFERENCES:
+            if f"{reference}_{dtype}" not in targets:
+                continue
+            own, name, _ = targets[f"{reference}_{dtype}"]
+            theirs = [apis.ask_openai(own.url, name, r)["answer"] for r in requests]
+            differ = [
+                {"prompt": r.prompt, "max_tokens": r.max_tokens, "triton": a, "reference": b}
+                for r, a, b in zip(requests, ours, theirs, strict=True)
+                if a != b
+            ]
+            out[f"{dtype}_vs_{reference}"] = {
+                "compared": len(requests),
+                "equal": len(requests) - len(differ),
+                "differ": differ[:3],
+            }
+    return out
+
+
 def ratios(rows: list[dict], s: FrontendSettings) -> dict:
     """Per dtype and reference: each round's Triton/reference output tokens/s, the median, the
     spread (half the range), the target and whether the median clears it by more than the
@@ -280,4 +317,6 @@ def table(result: FrontendResult) -> str:
             f"{key:<26}{rounds:>24}{r['median']:>8.3f}{r['spread']:>8.3f}{r['target']:>8.2f}  "
             f"{'yes' if r['met'] else 'no'}"
         )
+    for key, a in result.answers.items():
+        lines.append(f"greedy answers, {key}: {a['equal']} of {a['compared']} the same text")
     return "\n".join(lines)
