@@ -23,23 +23,23 @@ from pathlib import Path
 
 from labkit.errors import ConfigError
 
-#: ``labkit bench inflight``, measured on this project's 2-core CPU host (see the module's doc). The
-#: host was shared (the load average rose to 5.6 by the end): the servers are measured one after
-#: the other, so vLLM's own server, measured last, carries that drift; the lesson reads only the
-#: in-flight model's and vLLM in Triton's figures. An earlier run the same day, at load average
-#: 4.5, measured 39.6 and 65.4 output tokens/s (1.65x).
+#: ``labkit bench inflight``, measured on this project's 2-core CPU host (see the module's doc),
+#: with vLLM compiled as shipped (its graphs cached by ``make install``). The host was quiet (load
+#: average 1.5 at the start, 1.4 at the end, 285 s in all); the servers are measured one after
+#: the other. With vLLM eager (2026-12-04, load average rising to 7.5) the same shape measured
+#: in-flight 39.6 and vLLM in Triton 78.4 output tokens/s (1.98x).
 MEASURED = {
-    "date": "2026-12-04",
-    "commit": "631d06f",
+    "date": "2026-12-06",
+    "commit": "86b88c6",
     "command": "labkit bench inflight --scheduler inflight,vllm --workload mixed --concurrency 8 "
     "--clients stream --no-precision",
     "clients": 8,
     "requests": 32,
     "tokens": [4, 64],
     "cores": "server on core 0, AIPerf on core 1",
-    "load_average": [1.86, 5.04, 7.52],
-    "output_tokens_per_s": {"inflight": 39.631, "vllm": 78.401, "vllm-standalone": 40.832},
-    "itl_p50_ms": {"inflight": 189.947, "vllm": 91.239, "vllm-standalone": 175.218},
+    "load_average": [1.51, 2.17, 2.5],
+    "output_tokens_per_s": {"inflight": 49.808, "vllm": 102.04, "vllm-standalone": 93.41},
+    "itl_p50_ms": {"inflight": 138.043, "vllm": 69.319, "vllm-standalone": 74.284},
 }
 
 
