@@ -5,6 +5,9 @@
 - :mod:`.measure`: one server, each way in turn under AIPerf; answers checked under load;
 - :mod:`.standalone`: vLLM's own OpenAI server on the served model's settings (the reference);
 - :mod:`.gpu`: the vLLM model's GPU configs, ours and Triton's ``vllm`` backend's;
+- :mod:`.frontend` and :mod:`.startup`: ``labkit bench frontend`` (what Triton costs against vLLM's
+  own server) and ``labkit bench vllm-start`` (eager and compiled starts);
+- :mod:`.warm`: vLLM's compile cache filled for the shipped model (``labkit prepare --warm-vllm``);
 - :mod:`.inprocess`: the same engine without Triton (the limit), float32 against bfloat16;
 - :mod:`.figures`: the ratios the study's targets are about, and the targets;
 - :mod:`.study`: :func:`run`, the benchmark's whole study in one call, its :class:`StudyResult`
