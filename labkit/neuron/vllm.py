@@ -341,8 +341,8 @@ WHY = {
     "block_size": "the KV cache in one block of max_model_len per sequence: NxD Inference's "
     "contiguous layout",
     "dtype": "NeuronCores compute in bfloat16 at full speed; the CPU model keeps float32",
-    "enforce_eager": "a CPU setting (run without compiled graphs); on Neuron the graphs are always "
-    "compiled",
+    "enforce_eager": "a CPU and GPU setting (whether vLLM compiles the model as it starts); on "
+    "Neuron the graphs are always compiled, ahead of time",
     "kv_cache_gib": "a setting of vLLM's CPU backend (its KV cache in host memory); on inf2 the "
     "cache lives on the device",
     "omp_threads_bind": "a setting of vLLM's CPU backend (which cores its threads use); no host "
