@@ -1,8 +1,8 @@
 """The served vLLM model on a GPU host, written and checked here, served there.
 
 Two ways, the same engine arguments: the lab's own Python-backend model (``smollm2_vllm``, its
-config's parameters changed for a GPU: dtype, compiled (as on the CPU), a share of GPU memory), and Triton's
-own ``vllm`` backend in NGC's ``<yy.mm>-vllm-python-py3`` image (``config.pbtxt`` with
+config's parameters changed for a GPU: dtype, compiled as on the CPU, a share of GPU memory), and
+Triton's own ``vllm`` backend in NGC's ``<yy.mm>-vllm-python-py3`` image (``config.pbtxt`` with
 ``backend: "vllm"`` and ``1/model.json``). Both are read back through Triton's ``ModelConfig`` and
 validated; the engine arguments come from the model's own ``vllm_settings.py``, so the GPU twin
 cannot drift from what the CPU model runs. Nothing here needs a GPU; serving it does.
