@@ -7,7 +7,9 @@ start with the same settings finds them in the cache and loads them instead. On 
 is inductor's (torch.compile's), which the model's ``vllm_settings`` keeps in ``torchinductor``
 under vLLM's cache root (:func:`labkit.settings.vllm_cache_root`). It is keyed by the graphs
 themselves (the model, its dtype, the shapes the settings give), not by the front end that
-started the engine. So :func:`warm` starts vLLM's own server once per dtype the lab serves, on the
+started the engine. A few C++ kernels' keys also hold the path of the environment's torch, so a
+``.venv-vllm`` elsewhere (another checkout) compiles those again at its first start: 11 kernels,
+and 54 s to the first answer against 52 s (2026-12-06, 2 cores). So :func:`warm` starts vLLM's own server once per dtype the lab serves, on the
 shipped config's other settings, has it answer one request and stops it; Triton's engine on the
 same settings then finds the graphs. The dtypes: float32 as shipped, and bfloat16, the twin
 notebook 06 and ``labkit bench frontend`` write the same way (only ``dtype`` changed).
