@@ -87,7 +87,10 @@ class FakeTree:
 @pytest.fixture
 def tree(monkeypatch) -> FakeTree:
     fake = FakeTree()
-    monkeypatch.setattr(stall.psutil, "Process", fake.process)
+    # stall's own name for psutil, not psutil's attribute: the real psutil.Process stays for
+    # every other thread in this worker (tests/crashwatch.py samples this process's children)
+    fake_psutil = SimpleNamespace(Process=fake.process, Error=psutil.Error)
+    monkeypatch.setattr(stall, "psutil", fake_psutil)
     return fake
 
 
