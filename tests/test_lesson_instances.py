@@ -25,6 +25,15 @@ def test_the_thread_budget_predicts_from_busy_cores_and_requests_per_execution(
     assert said.ceiling == busy[1] / busy[0]
 
 
+def test_instances_with_fewer_threads_each_than_one_alone_keep_their_own_cores_busy():
+    said = predict_instances(instances=2, threads=2, threads_each=1, cores=2)
+    assert (said.busy_one, said.busy_many, said.expect) == (2, 2, "no gain")
+    said = predict_instances(instances=4, threads=4, threads_each=2, cores=8)
+    assert (said.busy_one, said.busy_many, said.expect) == (4, 8, "gain")
+    with pytest.raises(ConfigError, match="threads_each=0"):
+        predict_instances(instances=2, threads=2, threads_each=0, cores=2)
+
+
 def test_a_gain_says_how_much_the_idle_cores_allow():
     assert "up to about 2x" in str(predict_instances(instances=2, threads=1, cores=2))
     assert "up to about 4x" in str(predict_instances(instances=4, threads=1, cores=4))

@@ -236,15 +236,15 @@ def engine_settings():
 @pytest.mark.parametrize(
     ("cores", "instances", "servers", "threads"),
     [
-        (2, 1, None, 1),  # one server, one instance: every core but one for Triton and clients
+        (2, 1, None, 2),  # one server, one instance: every core (labkit bench threads)
         (2, 2, None, 1),  # instance_group { count: 2 }: one thread each
         (2, 1, "2", 1),  # two replicas on the host: one thread each, like two instances
         (2, 3, None, 1),  # more instances than cores: never 0
-        (1, 1, None, 1),  # a single core: still one thread
-        (8, 1, None, 7),
-        (8, 2, None, 3),
-        (16, 2, "2", 3),
-        (8, 1, "not a number", 7),
+        (1, 1, None, 1),  # a single core: one thread
+        (8, 1, None, 8),
+        (8, 2, None, 4),
+        (16, 2, "2", 4),
+        (8, 1, "not a number", 8),
     ],
 )
 def test_each_instance_gets_its_share_of_the_cores(
@@ -256,6 +256,20 @@ def test_each_instance_gets_its_share_of_the_cores(
     else:
         monkeypatch.setenv(engine_settings.SERVERS_VARIABLE, servers)
     assert engine_settings.thread_budget(instances) == threads
+
+
+@pytest.mark.parametrize(
+    ("cores", "instances", "servers", "threads"),
+    [(2, 1, 1, 1), (8, 1, 1, 7), (8, 2, 1, 3), (16, 2, 2, 3), (1, 1, 1, 1)],
+)
+def test_the_inflight_engine_leaves_a_core_for_its_own_threads(
+    engine_settings, monkeypatch, cores, instances, servers, threads
+):
+    monkeypatch.setattr(engine_settings, "usable_cores", lambda: cores)
+    assert engine_settings.thread_budget(instances, servers, inflight=True) == threads
+    assert engine_settings.thread_budget(instances, servers) == max(
+        1, cores // (instances * servers)
+    )
 
 
 def test_the_instance_count_is_read_from_the_served_config(engine_settings):
@@ -298,8 +312,8 @@ def test_the_other_torch_templates_share_the_cores_the_same_way(
             {"instance_group": [{"count": 2, "kind": "KIND_CPU"}]} if template == "embedding" else 2
         )
         monkeypatch.delenv(code.SERVERS_VARIABLE, raising=False)
-        assert share(two) == 3  # 8 cores less one, for two instances
+        assert share(two) == 4  # 8 cores, for two instances
         monkeypatch.setenv(code.SERVERS_VARIABLE, "2")
-        assert share(two) == 1
+        assert share(two) == 2  # 8 cores for two servers of two instances
         monkeypatch.setenv(code.SERVERS_VARIABLE, "8")
         assert share(two) == 1

@@ -1,4 +1,4 @@
-"""``labkit bench batching | inflight | frontend | vllm-start | inflight-soak | soak | pipeline``: benchmarks that write their figures
+"""``labkit bench batching | threads | inflight | frontend | vllm-start | inflight-soak | soak | pipeline``: benchmarks that write their figures
 (JSON and a table)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from labkit import bench, llm_serving, pipeline, soak
+from labkit.cluster import threads
 from labkit.llm_serving import frontend, startup
 from labkit.runs import run_folder
 
@@ -33,6 +34,7 @@ def register(sub) -> None:
     _register_inflight(kinds)
     _register_frontend(kinds)
     _register_vllm_start(kinds)
+    _register_threads(kinds)
     d = soak.SoakSettings()
     p = kinds.add_parser("soak", help="load a model for a while, then reload it and kill its stub")
     p.add_argument("--model", default=d.model, help="model to load (default: %(default)s)")
@@ -56,6 +58,50 @@ def register(sub) -> None:
     p.add_argument("--run-dir", help="where the copy, logs and CSVs go (default: runs/...)")
     p.add_argument("--json", help="also write the result to this JSON file")
     p.set_defaults(handler=_cli_pipeline)
+
+
+def _register_threads(kinds) -> None:
+    d = threads.ThreadsSettings()
+    p = kinds.add_parser(
+        "threads",
+        help="torch threads per instance: 1 and 2 instances, one server and 2 replicas, in rounds",
+    )
+    p.add_argument(
+        "--models",
+        default="tiny-falcon,smollm2,minilm,minilm_encode",
+        help="models to measure, one after the other (default: %(default)s)",
+    )
+    p.add_argument("--threads", default=",".join(map(str, d.threads)), help="thread counts")
+    p.add_argument(
+        "--concurrency", default=",".join(map(str, d.concurrencies)), help="concurrency levels"
+    )
+    p.add_argument("--rounds", type=int, default=d.rounds)
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="new tokens a request")
+    p.add_argument("--request-count", type=int, default=d.request_count, help="per window")
+    p.add_argument("--model-repository", default=None, help="source model repository")
+    p.add_argument("--run-dir", help="where the copies, logs and CSVs go (default: runs/...)")
+    p.add_argument("--json", help="also write every model's result to this JSON file")
+    p.set_defaults(handler=_cli_threads)
+
+
+def _cli_threads(args) -> int:
+    run_dir = run_folder(args.run_dir, notebook="bench-threads")
+    results = []
+    for model in _names(args.models):
+        settings = threads.ThreadsSettings(
+            model=model,
+            threads=_levels(args.threads),
+            concurrencies=_levels(args.concurrency),
+            rounds=args.rounds,
+            max_tokens=args.max_tokens,
+            request_count=args.request_count,
+        )
+        result = threads.measure_threads(run_dir / model, settings, source=args.model_repository)
+        print(threads.table(result), flush=True)
+        results.append(result)
+    _also_write(args.json, [dataclasses.asdict(r) for r in results])
+    print(f"run folder: {run_dir}")
+    return 0
 
 
 def _cli_batching(args) -> int:

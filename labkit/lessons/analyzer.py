@@ -15,7 +15,6 @@ from labkit import hardware
 from labkit.errors import ConfigError
 from labkit.lessons.conclusion import Conclusion, Ratio, Verdict, figure_text, judge
 from labkit.lessons.instances import predict_instances, prediction_table
-from labkit.repository.textgen import thread_budget
 
 #: A takeaway's lines: Model Analyzer's pick, then a verdict per configuration measured again.
 MAX_TAKEAWAY = 3
@@ -76,13 +75,19 @@ def instance_predictions(
 ) -> pd.DataFrame:
     """The thread budget's prediction for the search's most instances against one, on each of
     ``cores`` (by default this host's and one), from the default's requests per execution in
-    the search; no rows when it tried one instance only. ``threads`` 0: labkit's budget."""
+    the search; no rows when it tried one instance only. ``threads`` 0: labkit's budget on each
+    core count (every core for one instance, a share for each of ``most``)."""
     _check_search(search)
     most, batch = int(search["instances"].max()), float(_default(search)["avg_batch_size"])
-    threads = threads or thread_budget(1)
     return prediction_table(
         [
-            predict_instances(instances=most, threads=threads, cores=c, batch=max(batch, 1.0))
+            predict_instances(
+                instances=most,
+                threads=threads or c,
+                threads_each=threads or max(1, c // most),
+                cores=c,
+                batch=max(batch, 1.0),
+            )
             for c in cores or [len(hardware.usable_cores()), 1]
             if most > 1
         ]

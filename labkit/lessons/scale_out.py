@@ -29,9 +29,11 @@ class ScaleOutPrediction:
         gain is the cores they can keep busy over the cores one instance can."""
         p, n = self.instances, self.count
         return pd.DataFrame(
-            {"predicted": [p.cores, p.threads, p.busy_one, p.busy_many, p.batch,
-                  f"x{p.busy_many / p.busy_one:.2f}"]},
-            index=["cores", "torch threads of one instance", "cores 1 instance can keep busy",
+            {"predicted": [p.cores, p.threads, p.threads_each or p.threads, p.busy_one,
+                  p.busy_many, p.batch, f"x{p.busy_many / p.busy_one:.2f}"]},
+            index=["cores", "torch threads of one instance alone",
+                   f"torch threads of each of {n} instances (or replicas)",
+                   "cores 1 instance can keep busy",
                    f"cores {n} instances (or replicas) can keep busy",
                    "requests per execution (1: no batching)",
                    f"gain the idle cores allow, {n} against 1 (infer/s)"],
@@ -39,23 +41,30 @@ class ScaleOutPrediction:
 
 
 def predict_scale_out(
-    count: int, *, threads: int, cores: int, batch: float = 1.0
+    count: int, *, threads: int, cores: int, batch: float = 1.0, threads_each: int | None = None
 ) -> ScaleOutPrediction:
     """:func:`predict_instances` for ``count`` instances, or replicas, against one."""
-    return ScaleOutPrediction(
-        count, predict_instances(instances=count, threads=threads, cores=cores, batch=batch)
+    said = predict_instances(
+        instances=count, threads=threads, cores=cores, batch=batch, threads_each=threads_each
     )
+    return ScaleOutPrediction(count, said)
 
 
 def scale_out_prediction(cluster, model: str, *, concurrency: int = 1) -> ScaleOutPrediction:
-    """:func:`predict_scale_out` for ``model`` as ``cluster`` serves it: a lone instance's torch
-    threads (its ``num_threads`` parameter, else labkit's thread budget), this host's cores, and
-    the requests per execution ``concurrency`` clients give it (1 for a model that does not batch)."""
+    """:func:`predict_scale_out` for ``model`` as ``cluster`` serves it: the torch threads of a
+    lone instance and of each of ``cluster.size`` (its ``num_threads`` parameter, else labkit's
+    thread budget for each, as :func:`labkit.cluster.compare_scale_out` loads them), this host's
+    cores, and the requests per execution ``concurrency`` clients give it (1 for a model that
+    does not batch)."""
     config = served_config(cluster.replica(0).server, model)
     explicit = config.get("parameters", {}).get("num_threads", {}).get("string_value", "")
-    threads = int(explicit) if explicit else thread_budget(1)
+    lone, each = (
+        (int(explicit),) * 2 if explicit else (thread_budget(1), thread_budget(cluster.size))
+    )
     batch = max(1, min(int(config.get("max_batch_size", 0) or 1), concurrency))
-    return predict_scale_out(cluster.size, threads=threads, cores=usable_cores(), batch=batch)
+    return predict_scale_out(
+        cluster.size, threads=lone, cores=usable_cores(), batch=batch, threads_each=each
+    )
 
 
 def _ratios(every: pd.DataFrame, new: str, old: str, level: int) -> list[float]:

@@ -58,11 +58,12 @@ def serving_threads() -> int:
     return _settings.serving_threads()
 
 
-def thread_budget(instances: int = 1) -> int:
+def thread_budget(instances: int = 1, servers: int | None = None, *, inflight: bool = False) -> int:
     """torch threads per instance that a served text model takes by default on this host when
-    ``instances`` instances share its cores (the model folder's ``thread_budget``: the cores
-    less one, divided by the instances, at least 1)."""
-    return _settings.thread_budget(instances)
+    ``instances`` instances in each of ``servers`` servers (default: as the environment says,
+    one) share its cores: the model folder's ``thread_budget`` (the in-flight engine's with
+    ``inflight``)."""
+    return _settings.thread_budget(instances, servers, inflight=inflight)
 
 
 def instance_count(config: dict) -> int:

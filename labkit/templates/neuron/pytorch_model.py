@@ -7,7 +7,7 @@ Every setting comes from config.pbtxt's parameters, so this file is the same for
 - NEURON_CORE_START_INDEX / NEURON_CORE_END_INDEX: the cores shared equally by the instances;
   each instance sees only its own through NEURON_RT_VISIBLE_CORES;
 - NUM_THREADS_PER_CORE: an instance runs (its cores x this) threads; with TARGET cpu, torch
-  gets at most its share of the host's cores: the cores less one divided by the instances (times the
+  gets at most its share of the host's cores: the cores divided by the instances (times the
   Triton servers that LABKIT_SERVERS_ON_HOST names, which labkit's Cluster sets for its
   replicas), at least 1;
 - BATCH_REQUESTS_TO_NEURON: "true" joins the requests Triton batched into one call and splits the
@@ -228,13 +228,12 @@ class TritonPythonModel:
 
 
 def host_share(instances):
-    """torch threads for one of ``instances`` CPU instances: the cores this process may use less one,
+    """torch threads for one of ``instances`` CPU instances: the cores this process may use,
     divided among them in each of the servers LABKIT_SERVERS_ON_HOST names (unset: one), >= 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
-    cores = max(1, cores - 1)  # one for Triton's threads and the clients on the host
     try:
         servers = max(1, int(os.environ.get(SERVERS_VARIABLE, "1")))
     except ValueError:

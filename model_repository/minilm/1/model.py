@@ -21,10 +21,11 @@ Parameters (config.pbtxt ``parameters``; all optional):
       with the token from ``HF_TOKEN`` (or ``HUGGING_FACE_HUB_TOKEN`` / ``PRIVATE_REPO_TOKEN``).
 - ``max_seq_length``: longer texts are truncated to this many tokens (default 256, the model card's).
 - ``normalize``: ``true`` (default) for unit-length vectors, ``false`` for the raw mean.
-- ``num_threads``: torch threads per instance; 0 or unset: the host's cores less one divided by the
+- ``num_threads``: torch threads per instance; 0 or unset: the host's cores divided by the
   instances that share them (the ``instance_group`` counts, times the Triton servers that
   ``LABKIT_SERVERS_ON_HOST`` names, which labkit's ``Cluster`` sets for its replicas), at least 1.
-  torch's own default gives every instance every core, and instances then fight over them.
+  One instance takes every core; torch's own default gives every instance every core, and
+  instances then fight over them (``labkit bench threads`` measures both).
 - ``max_text_bytes``: a text longer than this (UTF-8 bytes, default 65536) is refused rather than
   tokenized: only its first ``max_seq_length`` tokens would count, and tokenizing a megabyte costs
   seconds of CPU that every other request waits for.
@@ -223,14 +224,13 @@ def resolve_source(value: str, model_dir: str) -> str:
 
 
 def thread_budget(config: dict) -> int:
-    """torch threads for one instance: the cores this process may use less one, divided by the instances
+    """torch threads for one instance: the cores this process may use, divided by the instances
     of this model (``instance_group`` counts, once per listed GPU) in each of the servers that
     ``LABKIT_SERVERS_ON_HOST`` says share the host (unset: one), at least 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 2
-    cores = max(1, cores - 1)  # one for Triton's threads and the clients on the host
     instances = 0
     for group in config.get("instance_group", []):
         count = int(group.get("count", 1))

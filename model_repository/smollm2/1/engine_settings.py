@@ -106,20 +106,29 @@ def instance_count(config: Mapping) -> int:
     return max(1, total)
 
 
-def thread_budget(instances: int = 1) -> int:
-    """torch threads for one instance of a served model: the cores it shares, less one, divided
-    among everything that shares them, at least 1.
+def thread_budget(instances: int = 1, servers: int | None = None, *, inflight: bool = False) -> int:
+    """torch threads for one instance of a served model: the cores divided among the instances
+    that share them, at least 1; for the in-flight engine, the cores less one.
 
-    The cores are this process's less one for Triton's own threads and the clients on the same
-    host (:func:`serving_threads`); they are shared by ``instances`` instances of the model in
-    each of :func:`servers_on_host` servers. torch's own default is every core for every
-    instance, and its workers spin: measured on 2 cores with perf_analyzer on the same host
-    (tiny-falcon, 4 clients), one instance with 2 threads computed a request in 395-623 ms and
-    served 1.6-2.5 infer/s, with 1 thread 62 ms and 32 infer/s; two replicas of 2 threads each
-    spent 450 ms on a request that one server computed in 28 ms (notebook 07). A model's
-    ``num_threads`` parameter overrides it.
+    The cores are this process's; they are shared by ``instances`` instances of the model in each
+    of ``servers`` servers (default: :func:`servers_on_host`). A model's ``num_threads``
+    parameter overrides the budget.
+
+    Measured by ``labkit bench threads`` on 2 cores (2026-12-06, load average 1.2 to 4.1, three
+    rounds, dynamic batching on, perf_analyzer on the same cores; the table is in
+    docs/benchmarks.md), 2 threads an instance against 1, round by round:
+
+    - one instance alone: x1.12 to x1.71 (medians) for tiny-falcon, SmolLM2, MiniLM and its
+      encoder step, at 1 and at 8 clients (SmolLM2 at 8: x1.68): it takes every core;
+    - two instances in one server, or two replicas: at 8 clients x0.03 to x0.65 in every round,
+      four spinning torch threads on two cores: each takes its share. At 1 client, one copy busy
+      at a time, the share gives up SmolLM2's x1.44 to x1.50 (the others: x0.94 to x1.08);
+    - the in-flight engine runs its own scheduling thread and a dispatcher beside torch's:
+      :func:`serving_threads` (the cores less one) stays its budget.
     """
-    return max(1, serving_threads() // (max(1, instances) * servers_on_host()))
+    servers = servers_on_host() if servers is None else max(1, servers)
+    cores = serving_threads() if inflight else usable_cores()
+    return max(1, cores // (max(1, instances) * servers))
 
 
 def serving_threads() -> int:

@@ -49,7 +49,9 @@ class TritonPythonModel:
         self.eos_ids = loaded.eos_ids
         self.decode_ids = functools.partial(self.tokenizer.decode, skip_special_tokens=True)
         # num_threads, else this instance's share of the cores (see thread_budget)
-        threads = options.num_threads or thread_budget(instance_count(config))
+        threads = options.num_threads or thread_budget(
+            instance_count(config), inflight=bool(options.inflight)
+        )
         torch.set_num_threads(threads)
         self.reader = RequestReader(
             self.tokenizer, options.defaults, options.full_text, loaded.context
