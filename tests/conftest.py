@@ -66,6 +66,12 @@ importlib.import_module("numpy.testing")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Each pytest-xdist worker runs its own servers on the same cores: the models they serve take
+# their share of the cores (labkit's thread budget reads this variable), as replicas do. One
+# worker's servers alone would take every core, and two workers' would then spin against each
+# other (labkit bench threads: x0.03 to x0.65 at 8 clients on 2 cores, docs/benchmarks.md).
+os.environ.setdefault("LABKIT_SERVERS_ON_HOST", os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
 
 def write_python_model(repo, name, model_py, config=TEXT_MODEL_CONFIG):
     """Write ``repo/name/config.pbtxt`` and ``repo/name/1/model.py``."""
