@@ -27,9 +27,14 @@ def test_the_thread_budget_predicts_from_busy_cores_and_requests_per_execution(
 
 def test_instances_with_fewer_threads_each_than_one_alone_keep_their_own_cores_busy():
     said = predict_instances(instances=2, threads=2, threads_each=1, cores=2)
-    assert (said.busy_one, said.busy_many, said.expect) == (2, 2, "no gain")
+    assert (said.busy_one_least, said.busy_one, said.busy_many) == (1, 2, 2)
+    assert said.expect == "gain if its work does not split"
+    assert said.ceiling == 2.0 and said.busy_one_said == "1 to 2"
     said = predict_instances(instances=4, threads=4, threads_each=2, cores=8)
-    assert (said.busy_one, said.busy_many, said.expect) == (4, 8, "gain")
+    assert (said.busy_one_least, said.busy_one, said.busy_many) == (2, 4, 8)
+    assert (said.expect, said.ceiling) == ("gain", 4.0)
+    said = predict_instances(instances=2, threads=1, threads_each=2, cores=2)  # copies with more
+    assert (said.busy_one_least, said.expect) == (None, "gain")
     with pytest.raises(ConfigError, match="threads_each=0"):
         predict_instances(instances=2, threads=2, threads_each=0, cores=2)
 

@@ -58,15 +58,18 @@ def test_the_prediction_is_numbers_from_the_shared_explanation_of_instances():
     said = predict_scale_out(2, threads=1, cores=2)
     assert said.instances == lessons.predict_instances(instances=2, threads=1, cores=2)
     assert said.instances.expect == "gain"
-    assert list(said.table()["predicted"]) == [2, 1, 1, 1, 2, 1.0, "x2.00"]
+    assert list(said.table()["predicted"]) == [2, 1, 1, "1", 2, 1.0, "x2.00"]
     assert predict_scale_out(2, threads=1, cores=2, batch=4).instances.expect == "smaller gain"
-    assert list(predict_scale_out(2, threads=1, cores=1).table()["predicted"])[3:5] == [1, 1]
+    assert list(predict_scale_out(2, threads=1, cores=1).table()["predicted"])[3:5] == ["1", 1]
 
 
 def test_labkits_default_budget_gives_one_instance_every_core_and_two_a_core_each():
     said = predict_scale_out(2, threads=2, threads_each=1, cores=2, batch=4)
-    assert list(said.table()["predicted"]) == [2, 2, 1, 2, 2, 4, "x1.00"]
-    assert said.instances.expect == "loss"  # no idle core, and the batches split
+    # one instance keeps 1 core busy where its work does not split over its 2 threads, 2 where it
+    # does: the copies gain up to 2x, or nothing
+    assert list(said.table()["predicted"]) == [2, 2, 1, "1 to 2", 2, 4, "x1.00 to x2.00"]
+    assert said.instances.expect == "gain if its work does not split"
+    assert said.instances.ceiling == 2.0
     assert "1 instance of 2 torch threads, 2 of 1 each," in str(said.instances)
 
 

@@ -27,20 +27,28 @@ class InstancePrediction:
     instances: int
     threads: int
     cores: int
-    busy_one: int  # cores one instance can keep busy
+    busy_one: int  # cores one instance can keep busy, its work split over all its threads
     busy_many: int  # cores ``instances`` instances can keep busy
     batch: float  # requests per execution with one instance (1: no batching)
-    expect: str  # "gain", "smaller gain" (a batching instance), "no gain" or "loss"
+    expect: str  # "gain", "smaller gain", "no gain", "loss" or "gain if its work does not split"
     text: str
     threads_each: int | None = None  # torch threads of each of ``instances`` (None: ``threads``)
+    busy_one_least: int | None = None  # ... its work not split: as busy as one of the copies
 
     def __str__(self) -> str:
         return self.text
 
     @property
     def ceiling(self) -> float:
-        """The most the idle cores allow: busy cores with ``instances`` over with one."""
-        return self.busy_many / self.busy_one
+        """The most the idle cores allow: busy cores with ``instances`` over with one (whose
+        work, with more threads than each copy, may not split over them)."""
+        return self.busy_many / (self.busy_one_least or self.busy_one)
+
+    @property
+    def busy_one_said(self) -> str:
+        """The cores one instance keeps busy, as a range where that depends on its work."""
+        least = self.busy_one_least or self.busy_one
+        return str(self.busy_one) if least == self.busy_one else f"{least} to {self.busy_one}"
 
 
 def predict_instances(
@@ -57,25 +65,40 @@ def predict_instances(
             f"batch={batch}"
         )
     busy_one, busy_many = min(threads, cores), min(instances * each, cores)
+    # One instance's threads keep its cores busy only as far as its work splits between them:
+    # with no more threads than a copy has, it is at least as busy as one copy.
+    least = min(each, cores) if each < threads else busy_one
     batching = batch >= BATCHING
-    if busy_many <= busy_one:
+    if busy_many <= least:
         expect = "loss" if batching else "no gain"
+    elif busy_many <= busy_one:
+        expect = "gain if its work does not split"
     else:
         expect = "smaller gain" if batching else "gain"
-    ceiling = f"up to about {busy_many / busy_one:.0f}x" if busy_many > busy_one else "no idle core"
+    if busy_many <= least:
+        ceiling = "no idle core"
+    elif busy_many <= busy_one:
+        ceiling = (
+            f"up to about {busy_many / least:.0f}x where one instance's work does not split over "
+            "its threads, none where it does"
+        )
+    else:
+        ceiling = f"up to about {busy_many / least:.0f}x"
+    busy_said = str(busy_one) if least == busy_one else f"{least} to {busy_one}"
     threads_said = (
         f"{threads} torch thread{'s' if threads > 1 else ''} each"
         if each == threads
         else f"1 instance of {threads} torch threads, {instances} of {each} each,"
     )
     text = (
-        f"{threads_said} on {cores} core{'s' if cores > 1 else ''}: 1 instance keeps {busy_one} "
+        f"{threads_said} on {cores} core{'s' if cores > 1 else ''}: 1 instance keeps {busy_said} "
         f"busy, {instances} keep {busy_many} ({ceiling}); {batch:.1f} requests per execution: "
         f"expect {expect}."
     )
     return InstancePrediction(
-        instances, threads, cores, busy_one, busy_many, float(batch), expect, text, each
-    )
+        instances, threads, cores, busy_one, busy_many, float(batch), expect, text, each,
+        None if least == busy_one else least,
+    )  # fmt: skip
 
 
 def prediction_table(predictions: list[InstancePrediction]) -> pd.DataFrame:
@@ -88,7 +111,7 @@ def prediction_table(predictions: list[InstancePrediction]) -> pd.DataFrame:
                 if p.threads_each in (None, p.threads)
                 else f"{p.threads} alone, {p.threads_each} each of {p.instances}"
             ),
-            "cores busy, 1 instance": p.busy_one,
+            "cores busy, 1 instance": p.busy_one_said,
             f"cores busy, {p.instances} instances": p.busy_many,
             "requests per execution, 1 instance": round(p.batch, 1),
             "expect": p.expect,

@@ -29,15 +29,22 @@ class ScaleOutPrediction:
         gain is the cores they can keep busy over the cores one instance can."""
         p, n = self.instances, self.count
         return pd.DataFrame(
-            {"predicted": [p.cores, p.threads, p.threads_each or p.threads, p.busy_one,
-                  p.busy_many, p.batch, f"x{p.busy_many / p.busy_one:.2f}"]},
+            {"predicted": [p.cores, p.threads, p.threads_each or p.threads, p.busy_one_said,
+                  p.busy_many, p.batch, _gain_said(p)]},
             index=["cores", "torch threads of one instance alone",
                    f"torch threads of each of {n} instances (or replicas)",
-                   "cores 1 instance can keep busy",
+                   "cores 1 instance keeps busy (as its work splits over its threads)",
                    f"cores {n} instances (or replicas) can keep busy",
                    "requests per execution (1: no batching)",
                    f"gain the idle cores allow, {n} against 1 (infer/s)"],
         )  # fmt: skip
+
+
+def _gain_said(p: InstancePrediction) -> str:
+    """The most the idle cores allow, a range where one instance's work may not split over its
+    threads (then the copies gain only where it does not)."""
+    most, least = p.busy_many / (p.busy_one_least or p.busy_one), p.busy_many / p.busy_one
+    return f"x{most:.2f}" if most == least else f"x{least:.2f} to x{most:.2f}"
 
 
 def predict_scale_out(
