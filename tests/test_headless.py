@@ -219,7 +219,9 @@ def test_a_notebook_that_does_not_exist_is_refused_naming_the_available_ones(not
 
 
 def test_an_undeclared_parameter_is_an_error_naming_the_declared_ones(notebooks, tmp_path):
-    with pytest.raises(ConfigError, match=r"'cuont' is not declared.*RUN_DIR, SOLUTIONS, count, label"):
+    with pytest.raises(
+        ConfigError, match=r"'cuont' is not declared.*RUN_DIR, SOLUTIONS, count, label"
+    ):
         run([notebooks / "01_good.ipynb"], tmp_path / "out", {"cuont": 3})
     assert not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match="use --out"):
