@@ -564,11 +564,12 @@ def conclusion(**inputs):
 
 def test_the_verdicts_are_the_split_the_second_instance_the_cache_and_ask():
     table = conclusion().verdict_table().set_index("comparison")
-    assert list(table["verdict"]) == ["tie", "tie", "gain", "gain", "tie"]
-    assert list(table.index[:3]) == [
+    assert list(table["verdict"]) == ["tie", "tie", "gain", "tie", "gain", "tie"]
+    assert list(table.index[:4]) == [
         "ensemble against one model served alike, 1 client",
         "ensemble against one model served alike, 8 clients",
         "2 instances of one model against 1, 8 clients",
+        "2 instances of one model against 1, 1 client",
     ]
     assert table.loc["2 instances of one model against 1, 8 clients", "median"] == 2.0
     assert table.loc["repeated text against a new one, cached", "median"] == 150.0

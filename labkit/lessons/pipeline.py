@@ -116,6 +116,7 @@ def pipeline_conclusion(
         rounds_verdict(rounds, PIPELINE, MATCHED, low, alike),
         rounds_verdict(rounds, PIPELINE, MATCHED, high, alike),
         rounds_verdict(rounds, MATCHED, SINGLE, high, "2 instances of one model against 1"),
+        rounds_verdict(rounds, MATCHED, SINGLE, low, "2 instances of one model against 1"),
         Verdict(
             "repeated text against a new one, cached",
             list(p50["miss"] / p50["hit"]),
