@@ -350,6 +350,7 @@ FILE_SECONDS = {
     "tests/test_bad_input_matrix.py": 86,
     "tests/test_server.py": 85,
     "notebooks/02_multiple_models.ipynb": 83,
+    "tests/test_threads_bench.py": 80,  # a 2-replica cluster, three twins, six measurements
     "tests/test_textgen_server.py": 72,
     "tests/test_pipeline.py": 70,  # measured alone, not in make test
     "tests/test_load.py": 64,

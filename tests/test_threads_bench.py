@@ -5,14 +5,20 @@ tiny-falcon behind two replicas."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
+import pandas as pd
 import psutil
 import pytest
 
 from labkit.cluster import locate_haproxy, threads
-from labkit.errors import ConfigError, MissingDependencyError
+from labkit.errors import ConfigError, MissingDependencyError, ToolError
+from labkit.repository import Repository
 from labkit.repository.textgen import thread_budget
 
+ROOT = Path(__file__).resolve().parents[1]
 ONE, TWO, REP = (label for _, label, _, _ in threads.CASES)
 
 
@@ -78,6 +84,68 @@ def test_settings_that_cannot_be_measured_are_refused_by_name(change, named):
 def test_a_window_holds_fewer_requests_at_a_lower_concurrency_but_at_least_eight():
     s = threads.ThreadsSettings(concurrencies=(1, 4, 16), request_count=32)
     assert [threads._window(s, c) for c in (1, 4, 16)] == [8, 8, 32]
+
+
+def test_thread_counts_and_concurrencies_are_measured_in_ascending_order():
+    s = threads.ThreadsSettings(threads=(2, 1, 2), concurrencies=(8, 1)).check()
+    assert (s.threads, s.concurrencies) == ((1, 2), (1, 8))
+
+
+class FakeServer:
+    def __init__(self) -> None:
+        self.unloaded: list[str] = []
+
+    def unload_model(self, name: str) -> None:
+        self.unloaded.append(name)
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.replicas = [SimpleNamespace(server=FakeServer()) for _ in range(2)]
+
+    def replica(self, which: int):
+        return self.replicas[which]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def test_a_measurement_that_fails_keeps_the_rounds_before_it_and_removes_the_twins(
+    monkeypatch, tmp_path
+):
+    """Three measurements answer, the fourth fails: threads.json holds the three, marked partial;
+    every twin is unloaded from both replicas and removed; the failure reaches the caller."""
+    source = tmp_path / "run" / "model_repository" / "smollm2"
+    shutil.copytree(ROOT / "model_repository" / "smollm2" / "1", source / "1")
+    shutil.copy(ROOT / "model_repository" / "smollm2" / "config.pbtxt", source)
+    repository = Repository(source.parent)
+    cluster = FakeCluster()
+    monkeypatch.setattr(threads, "prepare_run_repository", lambda *a, **k: repository)
+    monkeypatch.setattr(threads, "start_cluster", lambda *a, **k: cluster)
+    monkeypatch.setattr(threads, "reload", lambda *a, **k: "")
+    monkeypatch.setattr(threads, "host_facts", lambda: {"cores": 2})
+    answered = []
+
+    def perf_analyzer(where, name, **options):
+        if len(answered) == 3:
+            raise ToolError("perf_analyzer: the model stopped answering")
+        answered.append(name)
+        return pd.DataFrame([{"throughput": 10.0, "p99_ms": 50.0, "avg_batch_size": 1.0}])
+
+    monkeypatch.setattr(threads.profiling, "perf_analyzer", perf_analyzer)
+    settings = threads.ThreadsSettings(model="smollm2", rounds=2, concurrencies=(1,))
+    with pytest.raises(ToolError, match="stopped answering"):
+        threads.measure_threads(tmp_path / "run", settings, progress=False)
+    written = json.loads((tmp_path / "run" / "threads.json").read_text())
+    assert written["partial"] is True
+    assert [r["round"] for r in written["rounds"]] == [1, 1, 1]
+    assert {r["case"] for r in written["rounds"]} == {ONE, TWO}  # the first three in the order
+    twins = {f"smollm2_{k}_t{t}" for k in ("one", "two", "rep") for t in (1, 2)}
+    assert set(cluster.replicas[0].server.unloaded) == twins
+    assert not twins & set(repository.models())
 
 
 # -- one real run --------------------------------------------------------------------------------

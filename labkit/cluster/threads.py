@@ -70,12 +70,16 @@ class ThreadsSettings:
     timeout_s: float = 300.0  # one perf_analyzer level
 
     def check(self) -> ThreadsSettings:
+        """The settings, thread counts and concurrencies in ascending order; raises
+        :class:`ConfigError` naming what cannot be measured."""
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if not self.threads or min(self.threads) < 1:
             raise ConfigError(f"thread counts must be >= 1, got {self.threads}")
         if not self.concurrencies or min(self.concurrencies) < 1:
             raise ConfigError(f"concurrencies must be >= 1, got {self.concurrencies}")
+        self.threads = tuple(sorted(set(self.threads)))
+        self.concurrencies = tuple(sorted(set(self.concurrencies)))
         return self
 
 
@@ -90,6 +94,7 @@ class ThreadsResult:
     rounds: list[dict] = field(default_factory=list)
     cases: list[dict] = field(default_factory=list)
     wall_s: float | None = None
+    partial: bool = False  # a measurement failed: the rounds are those measured before it
 
 
 def measure_threads(
@@ -114,60 +119,78 @@ def measure_threads(
         host=host_facts(),
         run_dir=str(run_dir),
     )
-    with start_cluster(run_dir, repo.path, [s.model], 2) as cluster:
-        twins = []
-        try:
-            for key, _, instances, servers in CASES:
-                for t in s.threads:
-                    name = f"{s.model}_{key}_t{t}"
-                    config = apply_edits(
-                        base, instance_count=instances, parameters={"num_threads": str(t)}
-                    )
-                    repo.add_twin(s.model, name, config)
-                    twins.append(name)
-                    for r in range(servers):
-                        reload(cluster.replica(r).server, name, repository=repo)
-            order = [(case, t) for case in CASES for t in s.threads]
-            for r in range(s.rounds):
-                shift = r % len(order)
-                for c in s.concurrencies:
-                    for case, t in order[shift:] + order[:shift]:
-                        key, label, _, servers = case
-                        where = cluster if servers > 1 else cluster.replica(0).server
-                        name = f"{s.model}_{key}_t{t}"
-                        frame = profiling.perf_analyzer(
-                            where,
-                            name,
-                            concurrency=c,
-                            measurement_request_count=_window(s, c),
-                            label=f"{label}, {t} threads, c{c}, round {r + 1}",
-                            **perf,
-                        )
-                        row = frame.iloc[0]
-                        result.rounds.append(
-                            {
-                                "case": label,
-                                "threads": t,
-                                "concurrency": c,
-                                "round": r + 1,
-                                "throughput": round(float(row["throughput"]), 3),
-                                "p99_ms": round(float(row["p99_ms"]), 1),
-                                "avg_batch_size": round(float(row["avg_batch_size"]), 2),
-                                "load_1m": round(os.getloadavg()[0], 2),
-                            }
-                        )
-        finally:
-            for name in twins:
-                for r in range(2):
-                    with contextlib.suppress(LabkitError):
-                        cluster.replica(r).server.unload_model(name)
-                with contextlib.suppress(LabkitError, OSError):
-                    repo.remove(name)
+    try:
+        with start_cluster(run_dir, repo.path, [s.model], 2) as cluster:
+            _measure_all(cluster, repo, base, s, perf, result)
+    except BaseException:
+        # what was measured before the failure is kept, and said to be partial
+        result.partial = True
+        _finish(result, s, run_dir, started)
+        raise
+    _finish(result, s, run_dir, started)
+    return result
+
+
+def _finish(result: ThreadsResult, s: ThreadsSettings, run_dir: Path, started: float) -> None:
     result.cases = summarize(result.rounds, s.threads)
     result.host["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     result.wall_s = round(time.monotonic() - started, 1)
     write_result(run_dir, "threads", result)
-    return result
+
+
+def _measure_all(cluster, repo: Repository, base, s: ThreadsSettings, perf: dict, result) -> None:
+    """Load every twin, measure them in turns, round after round (``result.rounds`` grows as
+    they are measured); unload and remove the twins whatever happens."""
+    twins: list[str] = []
+    try:
+        for key, _, instances, servers in CASES:
+            for t in s.threads:
+                name = f"{s.model}_{key}_t{t}"
+                config = apply_edits(
+                    base, instance_count=instances, parameters={"num_threads": str(t)}
+                )
+                repo.add_twin(s.model, name, config)
+                twins.append(name)
+                for r in range(servers):
+                    reload(cluster.replica(r).server, name, repository=repo)
+        order = [(case, t) for case in CASES for t in s.threads]
+        for r in range(s.rounds):
+            shift = r % len(order)
+            for c in s.concurrencies:
+                for case, t in order[shift:] + order[:shift]:
+                    result.rounds.append(_measure_one(cluster, s, perf, case, t, c, r + 1))
+    finally:
+        for name in twins:
+            for r in range(2):
+                with contextlib.suppress(LabkitError):
+                    cluster.replica(r).server.unload_model(name)
+            with contextlib.suppress(LabkitError, OSError):
+                repo.remove(name)
+
+
+def _measure_one(cluster, s: ThreadsSettings, perf: dict, case, t: int, c: int, n: int) -> dict:
+    """One (case, threads) at ``c`` clients in round ``n``: its perf_analyzer figures."""
+    key, label, _, servers = case
+    where = cluster if servers > 1 else cluster.replica(0).server
+    frame = profiling.perf_analyzer(
+        where,
+        f"{s.model}_{key}_t{t}",
+        concurrency=c,
+        measurement_request_count=_window(s, c),
+        label=f"{label}, {t} threads, c{c}, round {n}",
+        **perf,
+    )
+    row = frame.iloc[0]
+    return {
+        "case": label,
+        "threads": t,
+        "concurrency": c,
+        "round": n,
+        "throughput": round(float(row["throughput"]), 3),
+        "p99_ms": round(float(row["p99_ms"]), 1),
+        "avg_batch_size": round(float(row["avg_batch_size"]), 2),
+        "load_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def summarize(rounds: Sequence[dict], threads: Sequence[int]) -> list[dict]:
